@@ -1,0 +1,95 @@
+#include "common/limits.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "common/text.h"
+#include "common/units.h"
+
+namespace tessera {
+
+void DeviceLimits::tighten(int device, std::uint64_t bytes) {
+  if (bytes == kUnlimited) return;
+  std::uint64_t& current = memory_bytes[device];
+  if (current == kUnlimited || bytes < current) current = bytes;
+}
+
+bool DeviceLimits::any() const {
+  for (std::uint64_t bytes : memory_bytes) {
+    if (bytes != kUnlimited) return true;
+  }
+  return false;
+}
+
+namespace {
+
+bool parse_device_index(std::string_view text, int& device) {
+  if (text.empty() || text.size() > 2) return false;
+  device = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    device = device * 10 + (c - '0');
+  }
+  return device < kMaxDevices;
+}
+
+bool parse_positive_size(const char* variable, const char* value, std::string_view text,
+                         std::uint64_t& bytes, ErrorText& error) {
+  if (!parse_size(text, bytes)) {
+    return error.set("%s='%s': '%.*s' is not a size (write e.g. 8GiB, 512MiB, 8g or 8589934592)",
+                     variable, value, static_cast<int>(text.size()), text.data());
+  }
+  if (bytes == 0) {
+    return error.set("%s='%s': a memory limit must be larger than 0", variable, value);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parse_memory_limit_list(const char* variable, const char* value, DeviceLimits& limits,
+                             ErrorText& error) {
+  std::string_view rest(value);
+  if (rest.find('=') == std::string_view::npos) {
+    std::uint64_t bytes = 0;
+    if (!parse_positive_size(variable, value, rest, bytes, error)) return false;
+    for (int device = 0; device < kMaxDevices; ++device) limits.tighten(device, bytes);
+    return true;
+  }
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = slice(rest, 0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : slice(rest, comma + 1);
+    const std::size_t equals = item.find('=');
+    int device = 0;
+    if (equals == std::string_view::npos || !parse_device_index(slice(item, 0, equals), device)) {
+      return error.set("%s='%s': '%.*s' is not DEVICE=SIZE with DEVICE from 0 to %d", variable,
+                       value, static_cast<int>(item.size()), item.data(), kMaxDevices - 1);
+    }
+    std::uint64_t bytes = 0;
+    if (!parse_positive_size(variable, value, slice(item, equals + 1), bytes, error)) return false;
+    limits.tighten(device, bytes);
+  }
+  return true;
+}
+
+bool memory_limits_from_environment(DeviceLimits& limits, ErrorText& error) {
+  for (const char* variable : {"TESSERA_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT"}) {
+    const char* value = std::getenv(variable);
+    if (value != nullptr && !parse_memory_limit_list(variable, value, limits, error)) return false;
+  }
+  for (int device = 0; device < kMaxDevices; ++device) {
+    char variable[48];
+    std::snprintf(variable, sizeof variable, "CUDA_DEVICE_MEMORY_LIMIT_%d", device);
+    const char* value = std::getenv(variable);
+    if (value == nullptr) continue;
+    std::uint64_t bytes = 0;
+    if (!parse_positive_size(variable, value, value, bytes, error)) return false;
+    limits.tighten(device, bytes);
+  }
+  return true;
+}
+
+}  // namespace tessera

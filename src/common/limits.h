@@ -1,0 +1,34 @@
+// Per-device limits as the hook reads them from its environment.
+//
+// Memory: TESSERA_MEMORY_LIMIT ("8GiB" for every device, or "0=8GiB,1=4GiB"), and HAMi's
+// CUDA_DEVICE_MEMORY_LIMIT / CUDA_DEVICE_MEMORY_LIMIT_<i>. Where several name a device,
+// the tightest wins: a second source can only lower a limit, never raise it.
+#pragma once
+
+#include <cstdint>
+
+#include "common/error_text.h"
+
+namespace tessera {
+
+inline constexpr int kMaxDevices = 16;
+inline constexpr std::uint64_t kUnlimited = 0;  // a limit of 0 means "none"
+
+struct DeviceLimits {
+  std::uint64_t memory_bytes[kMaxDevices] = {};  // kUnlimited where none applies
+
+  // Lowers device's limit to bytes (a bytes of kUnlimited changes nothing).
+  void tighten(int device, std::uint64_t bytes);
+  bool any() const;
+};
+
+// Reads one variable's value into limits. `variable` is only used for messages. A value
+// like "8GiB" applies to all devices; "0=8GiB,1=4GiB" to the listed ones.
+bool parse_memory_limit_list(const char* variable, const char* value, DeviceLimits& limits,
+                             ErrorText& error);
+
+// Reads every supported variable from getenv; false with a message naming the variable
+// and its value if any is malformed.
+bool memory_limits_from_environment(DeviceLimits& limits, ErrorText& error);
+
+}  // namespace tessera

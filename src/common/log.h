@@ -1,0 +1,19 @@
+// Logging for code that runs inside other people's processes: formats into a stack buffer
+// and writes it to stderr with one write(2). No allocation, no locks, no C++ runtime.
+//
+// TESSERA_LOG_LEVEL = off | error | warn | info | debug. The default, error, prints only
+// what stops CUDA from working (a malformed limit, a corrupt ledger), so a healthy process
+// hears nothing from Tessera.
+#pragma once
+
+namespace tessera {
+
+enum class LogLevel { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
+
+// Reads TESSERA_LOG_LEVEL once; later calls return the same value.
+LogLevel log_level();
+
+[[gnu::format(printf, 3, 4)]] void log(LogLevel level, const char* component, const char* format,
+                                       ...);
+
+}  // namespace tessera

@@ -1,0 +1,93 @@
+// Per-member, per-device byte counters shared by many processes through a mapped file,
+// with a capacity check that is exact under concurrency and survives kill -9 of any member
+// at any instant. The ledger (group quotas) and the simulated GPU (device capacity) both
+// keep their accounts this way; each owns the file format around it.
+//
+// - Every update runs under a robust process-shared mutex. A locker that finds the
+//   previous owner dead reclaims dead members and rebuilds the totals from the live
+//   members' own counters, which only their owners ever change.
+// - Each member holds a liveness lock (common/shared_file.h) that the kernel drops at
+//   death or exec, so a dead member is recognised whatever its PID now names. Dead
+//   members' bytes are reclaimed before any request is refused and before usage is read.
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/error_text.h"
+#include "common/limits.h"
+
+namespace tessera {
+
+inline constexpr int kMaxMembers = 256;
+
+struct MemberAccount {
+  std::atomic<std::uint32_t> state;  // kMemberFree or kMemberLive
+  std::int32_t pid;                  // for display only; liveness is the lock
+  std::atomic<std::uint64_t> used[kMaxDevices];
+};
+
+struct SharedAccounts {
+  alignas(64) pthread_mutex_t lock;
+  alignas(64) std::atomic<std::uint64_t> used[kMaxDevices];  // sum over live members
+  std::atomic<std::uint64_t> peak[kMaxDevices];
+  std::atomic<std::uint64_t> rejections[kMaxDevices];
+  std::atomic<std::uint64_t> members_reclaimed;
+  std::atomic<std::uint64_t> lock_recoveries;
+  MemberAccount members[kMaxMembers];
+};
+
+struct AccountsUsage {
+  std::uint64_t used = 0;
+  std::uint64_t peak = 0;
+  std::uint64_t rejections = 0;
+};
+
+// Zeroes and initialises accounts placed in a fresh shared file.
+void initialize_accounts(SharedAccounts& accounts);
+// False if any member slot holds a state no writer could have left.
+bool accounts_look_valid(const SharedAccounts& accounts, int& bad_slot);
+
+// One process's handle on the accounts in a mapped file whose descriptor is `fd`.
+class MemberAccounts {
+ public:
+  void attach(SharedAccounts* accounts, int fd) {
+    accounts_ = accounts;
+    fd_ = fd;
+    my_slot_ = -1;
+  }
+  void detach() { attach(nullptr, -1); }
+
+  bool join(ErrorText& error);  // idempotent
+  bool joined() const { return my_slot_ >= 0; }
+
+  // Charges bytes to this member if the total stays within limit (kUnlimited: always).
+  bool reserve(int device, std::uint64_t bytes, std::uint64_t limit);
+  // Returns up to bytes of what this member holds; never underflows.
+  void release(int device, std::uint64_t bytes);
+  AccountsUsage usage(int device);  // reclaims dead members first
+  std::uint64_t member_used(int device) const;
+  int live_members();
+  // Fills pids/used (for NVML's process list) with live members holding bytes on device.
+  int list_members(int device, std::int32_t* pids, std::uint64_t* used, int capacity);
+
+  // In a forked child: forget the parent's slot; call after the descriptor was given a
+  // description of its own. Async-signal-safe.
+  void forget_slot() { my_slot_ = -1; }
+
+  const SharedAccounts* shared() const { return accounts_; }
+
+ private:
+  void lock();
+  void unlock() { pthread_mutex_unlock(&accounts_->lock); }
+  void reap_dead_locked();
+  void rebuild_totals_locked();
+
+  SharedAccounts* accounts_ = nullptr;
+  int fd_ = -1;
+  int my_slot_ = -1;
+};
+
+}  // namespace tessera

@@ -1,0 +1,135 @@
+#include "ledger/ledger.h"
+
+#include <cstddef>
+#include <cstring>
+
+namespace tessera::ledger {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'L', 'D', 'G', 'R'};
+
+void initialize_file(void* base, const void* context) {
+  const auto& spec = *static_cast<const GroupSpec*>(context);
+  auto* file = static_cast<LedgerFile*>(base);
+  std::memset(static_cast<void*>(file), 0, offsetof(LedgerFile, accounts));
+  std::memcpy(file->magic, kMagic, sizeof kMagic);
+  file->version = kFormatVersion;
+  file->file_bytes = sizeof(LedgerFile);
+  file->max_devices = kMaxDevices;
+  file->max_members = kMaxMembers;
+  std::strncpy(file->group_name, spec.name, sizeof file->group_name - 1);
+  for (int device = 0; device < kMaxDevices; ++device) {
+    file->memory_limit[device] = spec.limits.memory_bytes[device];
+  }
+  file->checksum = header_checksum(*file);
+  initialize_accounts(file->accounts);
+}
+
+std::uint64_t min_limit(std::uint64_t a, std::uint64_t b) {
+  if (a == kUnlimited) return b;
+  if (b == kUnlimited) return a;
+  return a < b ? a : b;
+}
+
+}  // namespace
+
+std::uint64_t header_checksum(const LedgerFile& file) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&file);
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (std::size_t i = 0; i < offsetof(LedgerFile, checksum); ++i) {
+    hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+  }
+  return hash;
+}
+
+bool Ledger::validate(const char* path, ErrorText& error) const {
+  if (std::memcmp(file_->magic, kMagic, sizeof kMagic) != 0) {
+    return error.set("%s: not a Tessera ledger (bad magic)", path);
+  }
+  if (file_->version != kFormatVersion) {
+    return error.set("%s: ledger format version %u; this Tessera reads version %u", path,
+                     file_->version, kFormatVersion);
+  }
+  if (file_->file_bytes != sizeof(LedgerFile) || file_->max_devices != kMaxDevices ||
+      file_->max_members != kMaxMembers) {
+    return error.set("%s: ledger geometry does not match this Tessera build", path);
+  }
+  if (file_->checksum != header_checksum(*file_)) {
+    return error.set("%s: ledger header checksum mismatch: the limits were modified or the file "
+                     "is corrupt; refusing to trust it",
+                     path);
+  }
+  int bad_slot = 0;
+  if (!accounts_look_valid(file_->accounts, bad_slot)) {
+    return error.set("%s: member slot %d has an invalid state: corrupt ledger", path, bad_slot);
+  }
+  return true;
+}
+
+bool Ledger::attach(const char* path, ErrorText& error) {
+  file_ = static_cast<LedgerFile*>(mapping_.base);
+  if (!validate(path, error)) {
+    close();
+    return false;
+  }
+  accounts_.attach(&file_->accounts, mapping_.fd);
+  return true;
+}
+
+bool Ledger::create_or_open(const char* path, const GroupSpec& spec, ErrorText& error) {
+  close();
+  if (!map_shared_file(path, sizeof(LedgerFile), initialize_file, &spec, mapping_, error) ||
+      !attach(path, error)) {
+    return false;
+  }
+  for (int device = 0; device < kMaxDevices; ++device) {
+    if (file_->memory_limit[device] != spec.limits.memory_bytes[device]) {
+      close();
+      return error.set("%s: group exists with a different memory limit on device %d", path,
+                       device);
+    }
+  }
+  return true;
+}
+
+bool Ledger::open(const char* path, ErrorText& error) {
+  close();
+  return map_shared_file(path, sizeof(LedgerFile), nullptr, nullptr, mapping_, error) &&
+         attach(path, error);
+}
+
+bool Ledger::create_private(const GroupSpec& spec, ErrorText& error) {
+  close();
+  return map_private_shared("tessera-ledger", sizeof(LedgerFile), initialize_file, &spec,
+                            mapping_, error) &&
+         attach("private ledger", error);
+}
+
+void Ledger::close() {
+  mapping_.close();  // the kernel drops our liveness lock with the descriptor
+  file_ = nullptr;
+  accounts_.detach();
+}
+
+std::uint64_t Ledger::effective_limit(int device) const {
+  return min_limit(file_->memory_limit[device], process_limits_.memory_bytes[device]);
+}
+
+bool Ledger::join(ErrorText& error) {
+  if (accounts_.join(error)) return true;
+  ErrorText reason = error;
+  return error.set("ledger of group '%s': %s", file_->group_name, reason.text);
+}
+
+DeviceUsage Ledger::usage(int device) {
+  const AccountsUsage accounts = accounts_.usage(device);
+  return {effective_limit(device), accounts.used, accounts.peak, accounts.rejections};
+}
+
+void Ledger::after_fork_in_child() {
+  if (file_ == nullptr) return;
+  reopen_as_own_description(mapping_.fd);
+  accounts_.forget_slot();
+}
+
+}  // namespace tessera::ledger

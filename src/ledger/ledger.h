@@ -1,0 +1,99 @@
+// The ledger: one shared-memory file per sharing group, the single source of truth for the
+// group's limits and each live member's device-memory usage. This module owns the format;
+// the hook, `tessera run` and `tessera top` all go through it. The accounting itself,
+// and its safety under kill -9, is common/member_accounts.h.
+//
+// Limits: the creator writes them once, under a checksum. A member enforces the lower of
+// the file's limit and the one in its own environment, so writing the file can only lower
+// a limit, never raise one.
+#pragma once
+
+#include <cstdint>
+
+#include "common/error_text.h"
+#include "common/limits.h"
+#include "common/member_accounts.h"
+#include "common/shared_file.h"
+
+namespace tessera::ledger {
+
+inline constexpr std::uint32_t kFormatVersion = 1;
+
+struct LedgerFile {
+  // Written once by the creator; covered by `checksum`.
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t file_bytes;
+  std::uint32_t max_devices;
+  std::uint32_t max_members;
+  char group_name[64];
+  std::uint64_t memory_limit[kMaxDevices];  // kUnlimited where none
+  std::uint64_t checksum;
+
+  SharedAccounts accounts;
+};
+
+struct GroupSpec {
+  const char* name = "";
+  DeviceLimits limits;
+};
+
+struct DeviceUsage {
+  std::uint64_t limit = kUnlimited;  // effective limit for this process
+  std::uint64_t used = 0;            // group usage, dead members excluded
+  std::uint64_t peak = 0;
+  std::uint64_t rejections = 0;
+};
+
+class Ledger {
+ public:
+  Ledger() = default;
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+  ~Ledger() { close(); }
+
+  // Creates the group's ledger at path, or opens it if it exists with the same limits.
+  bool create_or_open(const char* path, const GroupSpec& spec, ErrorText& error);
+  // Opens an existing ledger; refuses one that is corrupt, truncated or foreign.
+  bool open(const char* path, ErrorText& error);
+  // A ledger for this process tree alone (memfd), shared with forked children.
+  bool create_private(const GroupSpec& spec, ErrorText& error);
+  void close();
+  bool is_open() const { return file_ != nullptr; }
+
+  // Limits this process was given by its environment; enforced together with the file's.
+  void set_process_limits(const DeviceLimits& limits) { process_limits_ = limits; }
+  std::uint64_t effective_limit(int device) const;
+
+  // Claims a member slot for this process. Idempotent; must precede reserve().
+  bool join(ErrorText& error);
+  bool joined() const { return accounts_.joined(); }
+  // Charges bytes to this member if the group stays within its limit on device.
+  bool reserve(int device, std::uint64_t bytes) {
+    return accounts_.reserve(device, bytes, effective_limit(device));
+  }
+  void release(int device, std::uint64_t bytes) { accounts_.release(device, bytes); }
+  DeviceUsage usage(int device);
+  std::uint64_t member_used(int device) const { return accounts_.member_used(device); }
+  int live_members() { return accounts_.live_members(); }
+
+  // In a forked child: forget the parent's slot and take an own file description, so the
+  // parent's liveness does not depend on the child. Async-signal-safe.
+  void after_fork_in_child();
+
+  const LedgerFile* file() const { return file_; }
+
+ private:
+  bool validate(const char* path, ErrorText& error) const;
+  bool attach(const char* path, ErrorText& error);
+
+  SharedMapping mapping_;
+  LedgerFile* file_ = nullptr;
+  MemberAccounts accounts_;
+  DeviceLimits process_limits_;
+};
+
+// FNV-1a over the creator-written part of the file.
+std::uint64_t header_checksum(const LedgerFile& file);
+
+}  // namespace tessera::ledger

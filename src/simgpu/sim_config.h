@@ -1,0 +1,39 @@
+// Which devices the simulated GPU has.
+//
+// TESSERA_SIM_DEVICES (or the file named by TESSERA_SIM_CONFIG, one device a line, '#'
+// comments) lists devices separated by ';': a model preset (H100, H200, A100, A100-80GB,
+// A30, T4, V100) optionally followed by ",key=value" overrides: memory=SIZE, sms=N,
+// context=SIZE (device memory each context costs), name=TEXT, uuid=GPU-....
+// With neither set there is one H100.
+#pragma once
+
+#include <cstdint>
+
+#include "common/error_text.h"
+#include "common/limits.h"
+
+namespace tessera::sim {
+
+struct DeviceSpec {
+  char name[96];
+  char uuid[48];  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  char pci_bus_id[32];
+  std::uint64_t memory_bytes;
+  std::uint64_t context_bytes;
+  int sm_count;
+  int cc_major;
+  int cc_minor;
+};
+
+struct MachineSpec {
+  int device_count = 0;
+  DeviceSpec devices[kMaxDevices] = {};
+};
+
+// Parses a device list; `origin` names where it came from, for messages.
+bool parse_machine_spec(const char* text, const char* origin, MachineSpec& spec, ErrorText& error);
+
+// Reads the environment (TESSERA_SIM_CONFIG, TESSERA_SIM_DEVICES) or the default.
+bool machine_spec_from_environment(MachineSpec& spec, ErrorText& error);
+
+}  // namespace tessera::sim

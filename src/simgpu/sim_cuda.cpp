@@ -1,0 +1,1364 @@
+// The simulated CUDA driver (libcuda.so.1): the driver API on host memory, for machines
+// without an NVIDIA driver. Exported names and semantics follow the driver API docs on the
+// paths Tessera depends on; see docs/simulated-gpu.md for what is and is not simulated.
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/immortal.h"
+#include "common/log.h"
+#include "cuda_abi/cuda_abi.h"
+#include "simgpu/sim_driver.h"
+#include "simgpu/sim_machine.h"
+
+using namespace tessera::abi;
+using tessera::Immortal;
+using tessera::kMaxDevices;
+using tessera::LogLevel;
+
+namespace tessera::sim {
+namespace {
+
+constexpr std::uint64_t kAllocationUnit = 512;
+constexpr std::uint64_t kPoolChunk = 2ull << 20;
+constexpr std::uint64_t kVmmGranularity = 2ull << 20;
+constexpr std::uint64_t kArraySizeUnit = 64ull << 10;
+constexpr std::uint64_t kSmallAllocation = 64ull << 10;
+constexpr int kDriverVersion = 13000;
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t unit) {
+  return (value + unit - 1) / unit * unit;
+}
+
+Immortal<Driver> driver_storage;
+pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+
+thread_local Context* current_context = nullptr;
+thread_local Context* context_stack[16];
+thread_local int context_depth = 0;
+
+void reset_after_fork();
+
+void construct_driver() {
+  Driver& driver = driver_storage.construct();
+  pthread_mutex_init(&driver.lock, nullptr);
+  pthread_atfork(nullptr, nullptr, reset_after_fork);
+}
+
+Driver& driver() {
+  pthread_once(&driver_once, construct_driver);
+  return driver_storage.get();
+}
+
+// CUDA cannot be used across fork: the child starts with nothing and must cuInit again.
+void reset_after_fork() {
+  Driver& state = driver_storage.get();
+  pthread_mutex_init(&state.lock, nullptr);
+  state.initialized = false;
+  std::memset(state.primary, 0, sizeof state.primary);
+  std::memset(state.default_pool, 0, sizeof state.default_pool);
+  std::memset(state.current_pool, 0, sizeof state.current_pool);
+  state.allocations.clear();
+  state.contexts.clear();
+  state.pools.clear();
+  state.vmm_handles.clear();
+  state.mappings.clear();
+  state.arrays.clear();
+  current_context = nullptr;
+  context_depth = 0;
+  machine().after_fork_in_child();
+}
+
+class Lock {
+ public:
+  Lock() : driver_(driver()) { pthread_mutex_lock(&driver_.lock); }
+  ~Lock() { pthread_mutex_unlock(&driver_.lock); }
+  Driver* operator->() { return &driver_; }
+
+ private:
+  Driver& driver_;
+};
+
+// Visible devices: CUDA_VISIBLE_DEVICES lists ordinals or UUID prefixes; the list ends at
+// the first entry that names no device, as with the real driver.
+int parse_visible_devices(const MachineSpec& spec, int* machine_index) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) {
+    for (int i = 0; i < spec.device_count; ++i) machine_index[i] = i;
+    return spec.device_count;
+  }
+  int count = 0;
+  const char* cursor = visible;
+  while (*cursor != '\0' && count < kMaxDevices) {
+    const char* end = std::strchr(cursor, ',');
+    const std::size_t length = end ? static_cast<std::size_t>(end - cursor) : std::strlen(cursor);
+    char item[64] = {};
+    std::memcpy(item, cursor, length < sizeof item - 1 ? length : sizeof item - 1);
+    int found = -1;
+    if (std::strncmp(item, "GPU-", 4) == 0) {
+      for (int i = 0; i < spec.device_count; ++i) {
+        if (std::strncmp(spec.devices[i].uuid, item, std::strlen(item)) == 0) found = i;
+      }
+    } else {
+      char* number_end = nullptr;
+      const long index = std::strtol(item, &number_end, 10);
+      if (number_end != item && *number_end == '\0' && index >= 0 && index < spec.device_count) {
+        found = static_cast<int>(index);
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      if (machine_index[i] == found) found = -1;  // a repeated device ends the list
+    }
+    if (found < 0) break;
+    machine_index[count++] = found;
+    if (end == nullptr) break;
+    cursor = end + 1;
+  }
+  return count;
+}
+
+CUresult require_initialized() {
+  return driver().initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+CUresult require_context(Context*& context) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  context = current_context;
+  return context != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult machine_device(CUdevice ordinal, int& index) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (ordinal < 0 || ordinal >= driver().device_count) return CUDA_ERROR_INVALID_DEVICE;
+  index = driver().machine_index[ordinal];
+  return CUDA_SUCCESS;
+}
+
+const DeviceSpec& spec_of(int machine_index) { return machine().spec().devices[machine_index]; }
+
+void* map_host(std::uint64_t bytes, bool& mapped) {
+  mapped = bytes > kSmallAllocation;
+  if (!mapped) return std::aligned_alloc(kAllocationUnit, round_up(bytes, kAllocationUnit));
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return memory == MAP_FAILED ? nullptr : memory;
+}
+
+void unmap_host(void* memory, std::uint64_t bytes, bool mapped) {
+  if (mapped) {
+    munmap(memory, bytes);
+  } else {
+    std::free(memory);
+  }
+}
+
+// Backs and records an allocation whose device bytes are already taken.
+CUresult record_allocation(CUdeviceptr* dptr, std::uint64_t bytes, const Allocation& record) {
+  Allocation allocation = record;
+  allocation.host_bytes = bytes;
+  void* memory = map_host(bytes, allocation.host_mapped);
+  if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  const auto address = reinterpret_cast<CUdeviceptr>(memory);
+  Lock locked;
+  if (!locked->allocations.put(address, allocation)) {
+    unmap_host(memory, bytes, allocation.host_mapped);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *dptr = address;
+  return CUDA_SUCCESS;
+}
+
+CUresult allocate_linear(CUdeviceptr* dptr, std::uint64_t bytes) {
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  const std::uint64_t charged = round_up(bytes, kAllocationUnit);
+  if (!machine().charge(context->device, charged)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const CUresult status =
+      record_allocation(dptr, bytes, Allocation{context, nullptr, context->device, charged, 0, false});
+  if (status != CUDA_SUCCESS) machine().uncharge(context->device, charged);
+  return status;
+}
+
+// --- stream-ordered pools --------------------------------------------------------------
+
+Pool* new_pool(int device, bool is_default) {
+  auto* pool = static_cast<Pool*>(std::calloc(1, sizeof(Pool)));
+  if (pool == nullptr) return nullptr;
+  pool->device = device;
+  pool->is_default = is_default;
+  driver().pools.put(reinterpret_cast<std::uint64_t>(pool), 1);
+  return pool;
+}
+
+// Called with the lock held.
+Pool* current_pool_locked(Driver& state, int ordinal) {
+  if (state.current_pool[ordinal] != nullptr) return state.current_pool[ordinal];
+  if (state.default_pool[ordinal] == nullptr) {
+    state.default_pool[ordinal] = new_pool(state.machine_index[ordinal], true);
+  }
+  return state.current_pool[ordinal] = state.default_pool[ordinal];
+}
+
+void shrink_pool_locked(Pool* pool, std::uint64_t keep) {
+  std::uint64_t target = round_up(pool->used, kPoolChunk);
+  if (keep > target) target = keep < pool->reserved ? keep : pool->reserved;
+  if (pool->reserved > target) {
+    machine().uncharge(pool->device, pool->reserved - target);
+    pool->reserved = target;
+  }
+}
+
+void finish_pool_destroy_locked(Driver& state, Pool* pool) {
+  machine().uncharge(pool->device, pool->reserved);
+  char ignored;
+  state.pools.take(reinterpret_cast<std::uint64_t>(pool), ignored);
+  std::free(pool);
+}
+
+// At a synchronisation point pools give back what they hold above their release threshold.
+void release_pools_on_sync() {
+  Lock locked;
+  locked->pools.for_each([](std::uint64_t key, char&) {
+    auto* pool = reinterpret_cast<Pool*>(key);
+    shrink_pool_locked(pool, pool->release_threshold);
+  });
+}
+
+CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, Pool* pool) {
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  const std::uint64_t size = round_up(bytes, kAllocationUnit);
+  {
+    Lock locked;
+    if (pool == nullptr || locked->pools.find(reinterpret_cast<std::uint64_t>(pool)) == nullptr) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::uint64_t idle = pool->reserved - pool->used;
+    if (idle < size) {
+      const std::uint64_t grow = round_up(size - idle, kPoolChunk);
+      if (!machine().charge(pool->device, grow)) return CUDA_ERROR_OUT_OF_MEMORY;
+      pool->reserved += grow;
+      if (pool->reserved > pool->reserved_high) pool->reserved_high = pool->reserved;
+    }
+    pool->used += size;
+    if (pool->used > pool->used_high) pool->used_high = pool->used;
+  }
+  const CUresult status =
+      record_allocation(dptr, bytes, Allocation{nullptr, pool, pool->device, size, 0, false});
+  if (status != CUDA_SUCCESS) {
+    Lock locked;
+    pool->used -= size;
+  }
+  return status;
+}
+
+CUresult allocate_async(CUdeviceptr* dptr, std::size_t bytes, CUstream stream) {
+  (void)stream;  // the simulated device completes work in issue order, at once
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  Pool* pool = nullptr;
+  {
+    Lock locked;
+    pool = current_pool_locked(*locked.operator->(), context->ordinal);
+  }
+  return allocate_from_pool(dptr, bytes, pool);
+}
+
+CUresult free_allocation(CUdeviceptr dptr) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  Allocation allocation{};
+  {
+    Lock locked;
+    if (!locked->allocations.take(dptr, allocation)) return CUDA_ERROR_INVALID_VALUE;
+    if (Pool* pool = allocation.pool; pool != nullptr) {
+      pool->used -= allocation.charged;
+      if (pool->destroy_pending && pool->used == 0) finish_pool_destroy_locked(*locked.operator->(), pool);
+    }
+  }
+  unmap_host(reinterpret_cast<void*>(dptr), allocation.host_bytes, allocation.host_mapped);
+  if (allocation.pool == nullptr) machine().uncharge(allocation.device, allocation.charged);
+  return CUDA_SUCCESS;
+}
+
+// --- arrays ----------------------------------------------------------------------------
+
+int format_bytes(int format) {
+  switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+// Bytes an array takes on the device: rows padded to 512 bytes, the whole to 64 KiB.
+bool array_bytes(const CUDA_ARRAY3D_DESCRIPTOR& desc, std::uint64_t& bytes) {
+  const int element = format_bytes(desc.Format);
+  const unsigned channels = desc.NumChannels;
+  if (element == 0 || (channels != 1 && channels != 2 && channels != 4) || desc.Width == 0) {
+    return false;
+  }
+  const std::uint64_t pitch = round_up(desc.Width * element * channels, kAllocationUnit);
+  const std::uint64_t rows = (desc.Height ? desc.Height : 1) * (desc.Depth ? desc.Depth : 1);
+  bytes = round_up(pitch * rows, kArraySizeUnit);
+  return true;
+}
+
+CUresult create_array(std::uint64_t* handle, const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned levels) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (handle == nullptr || levels == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t total = 0;
+  CUDA_ARRAY3D_DESCRIPTOR level = desc;
+  for (unsigned i = 0; i < levels; ++i) {
+    std::uint64_t bytes = 0;
+    if (!array_bytes(level, bytes)) return CUDA_ERROR_INVALID_VALUE;
+    total += bytes;
+    level.Width = level.Width > 1 ? level.Width / 2 : 1;
+    level.Height = level.Height > 1 ? level.Height / 2 : level.Height;
+    level.Depth = level.Depth > 1 ? level.Depth / 2 : level.Depth;
+  }
+  if (!machine().charge(context->device, total)) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto* token = static_cast<char*>(std::malloc(1));  // a unique handle value
+  Lock locked;
+  if (token == nullptr ||
+      !locked->arrays.put(reinterpret_cast<std::uint64_t>(token),
+                          ArrayRecord{context, context->device, total})) {
+    std::free(token);
+    machine().uncharge(context->device, total);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *handle = reinterpret_cast<std::uint64_t>(token);
+  return CUDA_SUCCESS;
+}
+
+CUresult destroy_array(std::uint64_t handle) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  ArrayRecord record{};
+  {
+    Lock locked;
+    if (!locked->arrays.take(handle, record)) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  machine().uncharge(record.device, record.bytes);
+  std::free(reinterpret_cast<void*>(handle));
+  return CUDA_SUCCESS;
+}
+
+CUresult array_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* requirements, std::uint64_t handle) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (requirements == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Lock locked;
+  const ArrayRecord* record = locked->arrays.find(handle);
+  if (record == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::memset(requirements, 0, sizeof *requirements);
+  requirements->size = record->bytes;
+  requirements->alignment = kAllocationUnit;
+  return CUDA_SUCCESS;
+}
+
+// --- contexts --------------------------------------------------------------------------
+
+CUresult new_context(CUdevice ordinal, Context*& context) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (!machine().charge(index, spec_of(index).context_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  context = static_cast<Context*>(std::calloc(1, sizeof(Context)));
+  if (context == nullptr) {
+    machine().uncharge(index, spec_of(index).context_bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  context->device = index;
+  context->ordinal = ordinal;
+  Lock locked;
+  locked->contexts.put(reinterpret_cast<std::uint64_t>(context), 1);
+  return CUDA_SUCCESS;
+}
+
+// Frees a context and the linear allocations and arrays made in it.
+void destroy_context(Context* context) {
+  struct Dead {
+    CUdeviceptr address;
+    Allocation allocation;
+  } dead[64];
+  for (;;) {
+    int count = 0;
+    {
+      Lock locked;
+      locked->allocations.for_each([&](std::uint64_t address, Allocation& allocation) {
+        if (allocation.context == context && count < 64) dead[count++] = Dead{address, allocation};
+      });
+      for (int i = 0; i < count; ++i) {
+        Allocation ignored;
+        locked->allocations.take(dead[i].address, ignored);
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      const Allocation& allocation = dead[i].allocation;
+      unmap_host(reinterpret_cast<void*>(dead[i].address), allocation.host_bytes,
+                 allocation.host_mapped);
+      machine().uncharge(allocation.device, allocation.charged);
+    }
+    if (count < 64) break;
+  }
+  std::uint64_t arrays[64];
+  int array_count = 0;
+  {
+    Lock locked;
+    locked->arrays.for_each([&](std::uint64_t handle, ArrayRecord& record) {
+      if (record.context == context && array_count < 64) arrays[array_count++] = handle;
+    });
+  }
+  for (int i = 0; i < array_count; ++i) destroy_array(arrays[i]);
+  {
+    Lock locked;
+    char ignored;
+    locked->contexts.take(reinterpret_cast<std::uint64_t>(context), ignored);
+  }
+  machine().uncharge(context->device, spec_of(context->device).context_bytes);
+  if (current_context == context) current_context = nullptr;
+  std::free(context);
+}
+
+CUresult create_context(CUcontext* pctx, CUdevice ordinal) {
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* context = nullptr;
+  if (CUresult status = new_context(ordinal, context); status != CUDA_SUCCESS) return status;
+  if (context_depth < 16) context_stack[context_depth++] = current_context;
+  current_context = context;
+  *pctx = reinterpret_cast<CUcontext>(context);
+  return CUDA_SUCCESS;
+}
+
+bool is_live_context(CUcontext context) {
+  Lock locked;
+  return locked->contexts.find(reinterpret_cast<std::uint64_t>(context)) != nullptr;
+}
+
+// --- VMM -------------------------------------------------------------------------------
+
+CUresult check_allocation_prop(const CUmemAllocationProp* prop, int& device) {
+  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  switch (prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      return machine_device(prop->location.id, device);
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      device = -1;
+      return require_initialized();
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+VmmHandle* find_vmm_handle_locked(Driver& state, CUmemGenericAllocationHandle handle) {
+  VmmHandle** found = state.vmm_handles.find(handle);
+  return found ? *found : nullptr;
+}
+
+// Frees a handle's memory once it is both released and unmapped.
+void maybe_free_vmm_handle(VmmHandle* handle) {
+  {
+    Lock locked;
+    if (!handle->released || handle->maps > 0) return;
+    VmmHandle* ignored;
+    locked->vmm_handles.take(reinterpret_cast<std::uint64_t>(handle), ignored);
+  }
+  close(handle->memfd);
+  if (handle->charged) machine().uncharge(handle->device, handle->size);
+  std::free(handle);
+}
+
+// The device a shared memfd was made for, from its name ("tessera-vmm-d<N>").
+int device_of_memfd(int fd) {
+  char link[64], target[256] = {};
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  if (readlink(link, target, sizeof target - 1) < 0) return -1;
+  const char* marker = std::strstr(target, "tessera-vmm-d");
+  return marker ? std::atoi(marker + std::strlen("tessera-vmm-d")) : -1;
+}
+
+CUresult validate_launch(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                         unsigned block_x, unsigned block_y, unsigned block_z) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (grid_x == 0 || grid_y == 0 || grid_z == 0 || block_x == 0 || block_y == 0 || block_z == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+}  // namespace tessera::sim
+
+using namespace tessera::sim;
+
+#define SIM_EXPORT extern "C" __attribute__((visibility("default")))
+
+// --- initialisation and devices ----------------------------------------------------------
+
+SIM_EXPORT CUresult cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& state = driver();
+  tessera::ErrorText error;
+  if (!machine().attach(error)) {
+    tessera::log(LogLevel::error, "simgpu", "%s", error.text);
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  Lock locked;
+  if (!state.initialized) {
+    state.device_count = parse_visible_devices(machine().spec(), state.machine_index);
+    state.initialized = true;
+  }
+  return state.device_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+SIM_EXPORT CUresult cuDriverGetVersion(int* version) {
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *version = kDriverVersion;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetCount(int* count) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *count = driver().device_count;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetName(char* name, int length, CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (name == nullptr || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+  std::snprintf(name, static_cast<std::size_t>(length), "%s", spec_of(index).name);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -> 16 bytes
+  const char* text = spec_of(index).uuid + 4;
+  int byte = 0;
+  for (const char* p = text; *p != '\0' && byte < 16; ++p) {
+    if (*p == '-') continue;
+    char pair[3] = {p[0], p[1] ? p[1] : '0', '\0'};
+    uuid->bytes[byte++] = static_cast<char>(std::strtol(pair, nullptr, 16));
+    if (p[1] == '\0') break;
+    ++p;
+  }
+  while (byte < 16) uuid->bytes[byte++] = 0;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice ordinal) {
+  return cuDeviceGetUuid_v2(uuid, ordinal);
+}
+
+SIM_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *bytes = spec_of(index).memory_bytes;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const DeviceSpec& spec = spec_of(index);
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      *value = spec.sm_count;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *value = spec.cc_major;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *value = spec.cc_minor;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+      *value = 1;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+SIM_EXPORT CUresult cuDeviceGetPCIBusId(char* bus_id, int length, CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (bus_id == nullptr || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+  std::snprintf(bus_id, static_cast<std::size_t>(length), "%s", spec_of(index).pci_bus_id);
+  return CUDA_SUCCESS;
+}
+
+// --- contexts ------------------------------------------------------------------------------
+
+SIM_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice ordinal) {
+  (void)flags;
+  return create_context(pctx, ordinal);
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam_st* params, int count,
+                                   unsigned int flags, CUdevice ordinal) {
+  if (count < 0 || (count > 0 && params == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  (void)flags;
+  return create_context(pctx, ordinal);
+}
+
+SIM_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams_st* params,
+                                   unsigned int flags, CUdevice ordinal) {
+  (void)params;
+  (void)flags;
+  return create_context(pctx, ordinal);
+}
+
+SIM_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  auto* context = reinterpret_cast<Context*>(ctx);
+  if (ctx == nullptr || !is_live_context(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  {
+    Lock locked;
+    if (locked->primary[context->ordinal].context == context) return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  destroy_context(context);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetCurrent(CUcontext* pctx) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = reinterpret_cast<CUcontext>(current_context);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (ctx != nullptr && !is_live_context(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  current_context = reinterpret_cast<Context*>(ctx);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (ctx == nullptr || !is_live_context(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (context_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+  context_stack[context_depth++] = current_context;
+  current_context = reinterpret_cast<Context*>(ctx);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (current_context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx != nullptr) *pctx = reinterpret_cast<CUcontext>(current_context);
+  current_context = context_depth > 0 ? context_stack[--context_depth] : nullptr;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *device = context->ordinal;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuCtxSynchronize() {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  release_pools_on_sync();
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* context = nullptr;
+  {
+    Lock locked;
+    context = locked->primary[ordinal].context;
+    if (context != nullptr) ++locked->primary[ordinal].retains;
+  }
+  if (context == nullptr) {
+    if (CUresult status = new_context(ordinal, context); status != CUDA_SUCCESS) return status;
+    Lock locked;
+    locked->primary[ordinal].context = context;
+    locked->primary[ordinal].retains = 1;
+  }
+  *pctx = reinterpret_cast<CUcontext>(context);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  Context* dying = nullptr;
+  {
+    Lock locked;
+    auto& primary = locked->primary[ordinal];
+    if (primary.retains == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (--primary.retains == 0) {
+      dying = primary.context;
+      primary.context = nullptr;
+    }
+  }
+  if (dying != nullptr) destroy_context(dying);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  Context* dying = nullptr;
+  {
+    Lock locked;
+    auto& primary = locked->primary[ordinal];
+    dying = primary.context;
+    primary.context = nullptr;
+    primary.retains = 0;
+  }
+  if (dying != nullptr) destroy_context(dying);
+  return CUDA_SUCCESS;
+}
+
+// --- linear memory -----------------------------------------------------------------------
+
+SIM_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const std::uint64_t capacity = spec_of(context->device).memory_bytes;
+  const std::uint64_t used = machine().used(context->device);
+  *total = capacity;
+  *free = used < capacity ? capacity - used : 0;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytes) {
+  return allocate_linear(dptr, bytes);
+}
+
+SIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width,
+                                       std::size_t height, unsigned int element_bytes) {
+  if (pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::uint64_t row = round_up(width, kAllocationUnit);
+  const CUresult status = allocate_linear(dptr, row * height);
+  if (status == CUDA_SUCCESS) *pitch = row;
+  return status;
+}
+
+SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, std::size_t bytes, unsigned int flags) {
+  if (flags != 1 && flags != 2) return CUDA_ERROR_INVALID_VALUE;  // GLOBAL or HOST
+  return allocate_linear(dptr, bytes);
+}
+
+SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  if (dptr == 0) return require_initialized();
+  return free_allocation(dptr);
+}
+
+SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  bool found = false;
+  Lock locked;
+  locked->allocations.for_each([&](std::uint64_t address, Allocation& allocation) {
+    if (dptr >= address && dptr < address + allocation.host_bytes) {
+      if (base != nullptr) *base = address;
+      if (size != nullptr) *size = allocation.host_bytes;
+      found = true;
+    }
+  });
+  return found ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+SIM_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size_t bytes) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (dst == 0 || (src == nullptr && bytes > 0)) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t bytes) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (src == 0 || (dst == nullptr && bytes > 0)) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, std::size_t count) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (dst == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(reinterpret_cast<void*>(dst), value, count);
+  return CUDA_SUCCESS;
+}
+
+// --- stream-ordered allocator ----------------------------------------------------------------
+
+SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Lock locked;
+  Driver& state = *locked.operator->();
+  if (state.default_pool[ordinal] == nullptr) state.default_pool[ordinal] = new_pool(index, true);
+  *pool = reinterpret_cast<CUmemoryPool>(state.default_pool[ordinal]);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice ordinal) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Lock locked;
+  *pool = reinterpret_cast<CUmemoryPool>(current_pool_locked(*locked.operator->(), ordinal));
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice ordinal, CUmemoryPool handle) {
+  int index = 0;
+  if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
+  Lock locked;
+  auto* pool = reinterpret_cast<Pool*>(handle);
+  if (locked->pools.find(reinterpret_cast<std::uint64_t>(pool)) == nullptr || pool->device != index) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  locked->current_pool[ordinal] = pool;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* handle, const CUmemPoolProps* props) {
+  if (handle == nullptr || props == nullptr || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int index = 0;
+  if (CUresult status = machine_device(props->location.id, index); status != CUDA_SUCCESS) {
+    return status;
+  }
+  Lock locked;
+  Pool* pool = new_pool(index, false);
+  if (pool == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  *handle = reinterpret_cast<CUmemoryPool>(pool);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool handle) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  Lock locked;
+  auto* pool = reinterpret_cast<Pool*>(handle);
+  if (locked->pools.find(reinterpret_cast<std::uint64_t>(pool)) == nullptr || pool->is_default) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (auto& current : locked->current_pool) {
+    if (current == pool) current = nullptr;
+  }
+  pool->destroy_pending = true;  // outstanding allocations keep it alive
+  if (pool->used == 0) finish_pool_destroy_locked(*locked.operator->(), pool);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool handle, std::size_t keep) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  Lock locked;
+  auto* pool = reinterpret_cast<Pool*>(handle);
+  if (locked->pools.find(reinterpret_cast<std::uint64_t>(pool)) == nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  shrink_pool_locked(pool, keep);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool handle, int attribute, void* value) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  Lock locked;
+  auto* pool = reinterpret_cast<Pool*>(handle);
+  if (value == nullptr || locked->pools.find(reinterpret_cast<std::uint64_t>(pool)) == nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto* out = static_cast<std::uint64_t*>(value);
+  switch (attribute) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      *out = pool->release_threshold;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      *out = pool->reserved;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      *out = pool->reserved_high;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      *out = pool->used;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      *out = pool->used_high;
+      return CUDA_SUCCESS;
+    case 1:
+    case 2:
+    case 3:  // the reuse policies, all enabled
+      *static_cast<int*>(value) = 1;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+SIM_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool handle, int attribute, void* value) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  Lock locked;
+  auto* pool = reinterpret_cast<Pool*>(handle);
+  if (value == nullptr || locked->pools.find(reinterpret_cast<std::uint64_t>(pool)) == nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::uint64_t number = *static_cast<std::uint64_t*>(value);
+  switch (attribute) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      pool->release_threshold = number;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      if (number != 0) return CUDA_ERROR_INVALID_VALUE;
+      pool->reserved_high = pool->reserved;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      if (number != 0) return CUDA_ERROR_INVALID_VALUE;
+      pool->used_high = pool->used;
+      return CUDA_SUCCESS;
+    case 1:
+    case 2:
+    case 3:
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, std::size_t bytes, CUstream stream) {
+  return allocate_async(dptr, bytes, stream);
+}
+SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, std::size_t bytes, CUstream stream) {
+  return allocate_async(dptr, bytes, stream);
+}
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, std::size_t bytes,
+                                            CUmemoryPool pool, CUstream) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  return allocate_from_pool(dptr, bytes, reinterpret_cast<Pool*>(pool));
+}
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, std::size_t bytes,
+                                                 CUmemoryPool pool, CUstream stream) {
+  return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
+}
+SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream) { return free_allocation(dptr); }
+SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream) {
+  return free_allocation(dptr);
+}
+
+// --- streams and events ------------------------------------------------------------------------
+
+SIM_EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *stream = static_cast<CUstream>(std::malloc(16));
+  return *stream ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::free(stream);
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuStreamSynchronize(CUstream) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  release_pools_on_sync();
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
+SIM_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *event = static_cast<CUevent>(std::malloc(16));
+  return *event ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_EXPORT CUresult cuEventRecord(CUevent event, CUstream) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  return event ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+SIM_EXPORT CUresult cuEventSynchronize(CUevent event) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  release_pools_on_sync();
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::free(event);
+  return CUDA_SUCCESS;
+}
+
+// --- virtual memory management -------------------------------------------------------------------
+
+SIM_EXPORT CUresult cuMemGetAllocationGranularity(std::size_t* granularity,
+                                                  const CUmemAllocationProp* prop, int option) {
+  int device = 0;
+  if (CUresult status = check_allocation_prop(prop, device); status != CUDA_SUCCESS) return status;
+  if (granularity == nullptr || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                                 option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *granularity = kVmmGranularity;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size,
+                                const CUmemAllocationProp* prop, unsigned long long flags) {
+  int device = 0;
+  if (CUresult status = check_allocation_prop(prop, device); status != CUDA_SUCCESS) return status;
+  if (handle == nullptr || flags != 0 || size == 0 || size % kVmmGranularity != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (device >= 0 && !machine().charge(device, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  char name[32];
+  std::snprintf(name, sizeof name, device >= 0 ? "tessera-vmm-d%d" : "tessera-vmm-host", device);
+  const int memfd = memfd_create(name, MFD_CLOEXEC);
+  auto* record = static_cast<VmmHandle*>(std::calloc(1, sizeof(VmmHandle)));
+  if (memfd < 0 || record == nullptr || ftruncate(memfd, static_cast<off_t>(size)) != 0) {
+    if (memfd >= 0) close(memfd);
+    std::free(record);
+    if (device >= 0) machine().uncharge(device, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *record = VmmHandle{device, size, memfd, device >= 0, false, 0};
+  Lock locked;
+  locked->vmm_handles.put(reinterpret_cast<std::uint64_t>(record), record);
+  *handle = reinterpret_cast<std::uint64_t>(record);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  VmmHandle* record = nullptr;
+  {
+    Lock locked;
+    record = find_vmm_handle_locked(*locked.operator->(), handle);
+    if (record == nullptr || record->released) return CUDA_ERROR_INVALID_VALUE;
+    record->released = true;
+  }
+  maybe_free_vmm_handle(record);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size, std::size_t alignment,
+                                        CUdeviceptr, unsigned long long flags) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (ptr == nullptr || size == 0 || size % kVmmGranularity != 0 || flags != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (alignment < kVmmGranularity) alignment = kVmmGranularity;
+  void* region = mmap(nullptr, size + alignment, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (region == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  const auto start = reinterpret_cast<std::uint64_t>(region);
+  const std::uint64_t aligned = round_up(start, alignment);
+  if (aligned > start) munmap(region, aligned - start);
+  const std::uint64_t tail = start + size + alignment - (aligned + size);
+  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + size), tail);
+  *ptr = aligned;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (ptr == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(ptr), size);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
+                             CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  Lock locked;
+  VmmHandle* record = find_vmm_handle_locked(*locked.operator->(), handle);
+  if (record == nullptr || record->released || flags != 0 || ptr == 0 || size == 0 ||
+      size % kVmmGranularity != 0 || offset + size > record->size ||
+      locked->mappings.find(ptr) != nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  void* mapped = mmap(reinterpret_cast<void*>(ptr), size, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_FIXED, record->memfd, static_cast<off_t>(offset));
+  if (mapped == MAP_FAILED) return CUDA_ERROR_INVALID_VALUE;
+  ++record->maps;
+  locked->mappings.put(ptr, Mapping{record, size});
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  Mapping mapping{};
+  {
+    Lock locked;
+    const Mapping* found = locked->mappings.find(ptr);
+    if (found == nullptr || found->size != size) return CUDA_ERROR_INVALID_VALUE;
+    locked->mappings.take(ptr, mapping);
+    mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    --mapping.handle->maps;
+  }
+  maybe_free_vmm_handle(mapping.handle);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc* desc,
+                                   std::size_t count) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (ptr == 0 || size == 0 || desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                                 int type, unsigned long long) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  Lock locked;
+  VmmHandle* record = find_vmm_handle_locked(*locked.operator->(), handle);
+  if (record == nullptr || shareable == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *static_cast<int*>(shareable) = fcntl(record->memfd, F_DUPFD_CLOEXEC, 0);
+  return CUDA_SUCCESS;
+}
+
+// The exporter's process holds the device bytes; an importer only holds a reference.
+SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                   void* os_handle, int type) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
+  struct stat status {};
+  if (handle == nullptr || fstat(fd, &status) != 0 || status.st_size <= 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto* record = static_cast<VmmHandle*>(std::calloc(1, sizeof(VmmHandle)));
+  if (record == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  *record = VmmHandle{device_of_memfd(fd), static_cast<std::uint64_t>(status.st_size),
+                      fcntl(fd, F_DUPFD_CLOEXEC, 0), false, false, 0};
+  Lock locked;
+  locked->vmm_handles.put(reinterpret_cast<std::uint64_t>(record), record);
+  *handle = reinterpret_cast<std::uint64_t>(record);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                           CUmemGenericAllocationHandle handle) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  Lock locked;
+  VmmHandle* record = find_vmm_handle_locked(*locked.operator->(), handle);
+  if (record == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = record->device >= 0 ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+  for (int ordinal = 0; ordinal < locked->device_count; ++ordinal) {
+    if (locked->machine_index[ordinal] == record->device) prop->location.id = ordinal;
+  }
+  return CUDA_SUCCESS;
+}
+
+// --- arrays --------------------------------------------------------------------------------------
+
+SIM_EXPORT CUresult cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  if (desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const CUDA_ARRAY3D_DESCRIPTOR as3d{desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 0};
+  return create_array(reinterpret_cast<std::uint64_t*>(handle), as3d, 1);
+}
+SIM_EXPORT CUresult cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  if (desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return create_array(reinterpret_cast<std::uint64_t*>(handle), *desc, 1);
+}
+SIM_EXPORT CUresult cuArrayDestroy(CUarray handle) {
+  return destroy_array(reinterpret_cast<std::uint64_t>(handle));
+}
+SIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray* handle,
+                                           const CUDA_ARRAY3D_DESCRIPTOR* desc, unsigned levels) {
+  if (desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return create_array(reinterpret_cast<std::uint64_t*>(handle), *desc, levels);
+}
+SIM_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle) {
+  return destroy_array(reinterpret_cast<std::uint64_t>(handle));
+}
+SIM_EXPORT CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* requirements,
+                                                 CUarray handle, CUdevice) {
+  return array_requirements(requirements, reinterpret_cast<std::uint64_t>(handle));
+}
+SIM_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(
+    CUDA_ARRAY_MEMORY_REQUIREMENTS* requirements, CUmipmappedArray handle, CUdevice) {
+  return array_requirements(requirements, reinterpret_cast<std::uint64_t>(handle));
+}
+
+// --- modules and launches ------------------------------------------------------------------------
+
+SIM_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *module = static_cast<CUmodule>(std::malloc(16));
+  return *module ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (function == nullptr || module == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *function = static_cast<CUfunction>(static_cast<void*>(strdup(name)));
+  return *function ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_EXPORT CUresult cuModuleUnload(CUmodule module) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::free(module);
+  return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                   unsigned by, unsigned bz, unsigned, CUstream, void**, void**) {
+  return validate_launch(f, gx, gy, gz, bx, by, bz);
+}
+SIM_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                        unsigned bx, unsigned by, unsigned bz, unsigned, CUstream,
+                                        void**, void**) {
+  return validate_launch(f, gx, gy, gz, bx, by, bz);
+}
+SIM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void**, void**) {
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return validate_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ,
+                         config->blockDimX, config->blockDimY, config->blockDimZ);
+}
+SIM_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** p,
+                                          void** e) {
+  return cuLaunchKernelEx(config, f, p, e);
+}
+SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                              unsigned bx, unsigned by, unsigned bz, unsigned,
+                                              CUstream, void**) {
+  return validate_launch(f, gx, gy, gz, bx, by, bz);
+}
+SIM_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                                   unsigned gz, unsigned bx, unsigned by,
+                                                   unsigned bz, unsigned, CUstream, void**) {
+  return validate_launch(f, gx, gy, gz, bx, by, bz);
+}
+SIM_EXPORT CUresult cuLaunchHostFunc(CUstream, CUhostFn fn, void* user_data) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  fn(user_data);  // all earlier work on the stream is already complete
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void* user_data) {
+  return cuLaunchHostFunc(stream, fn, user_data);
+}
+SIM_EXPORT CUresult cuGraphCreate(CUgraph* graph, unsigned int flags) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (graph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  *graph = static_cast<CUgraph>(std::malloc(16));
+  return *graph ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+                                                unsigned long long) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *exec = static_cast<CUgraphExec>(std::malloc(16));
+  return *exec ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+  return cuGraphLaunch(exec, stream);
+}
+SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::free(exec);
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::free(graph);
+  return CUDA_SUCCESS;
+}
+
+// --- errors ---------------------------------------------------------------------------------------
+
+namespace {
+struct ErrorName {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorName kErrors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+const ErrorName* find_error(CUresult code) {
+  for (const ErrorName& error : kErrors) {
+    if (error.code == code) return &error;
+  }
+  return nullptr;
+}
+}  // namespace
+
+SIM_EXPORT CUresult cuGetErrorName(CUresult code, const char** name) {
+  const ErrorName* error = find_error(code);
+  if (name == nullptr || error == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *name = error->name;
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuGetErrorString(CUresult code, const char** text) {
+  const ErrorName* error = find_error(code);
+  if (text == nullptr || error == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *text = error->text;
+  return CUDA_SUCCESS;
+}
+
+#include "simgpu/sim_proc_address.inc"

@@ -1,0 +1,76 @@
+// The simulated CUDA driver's process-local state: contexts, allocations, pools, VMM
+// handles and arrays of this process. Device capacity is shared machine-wide through
+// sim_machine.h; everything here dies with the process, as it does with the real driver.
+#pragma once
+
+#include <pthread.h>
+
+#include <cstdint>
+
+#include "common/handle_table.h"
+#include "common/limits.h"
+#include "cuda_abi/cuda_abi.h"
+
+namespace tessera::sim {
+
+struct Context {
+  int device;  // machine device index
+  int ordinal;
+};
+
+struct Pool {
+  int device;
+  std::uint64_t reserved, used, reserved_high, used_high, release_threshold;
+  bool is_default;
+  bool destroy_pending;
+};
+
+struct Allocation {
+  Context* context;  // linear allocations die with their context; pool ones do not
+  Pool* pool;
+  int device;
+  std::uint64_t charged;     // device bytes taken from the machine (or the pool)
+  std::uint64_t host_bytes;  // host memory backing it
+  bool host_mapped;          // backing came from mmap (else aligned_alloc)
+};
+
+struct VmmHandle {
+  int device;  // -1 for host memory
+  std::uint64_t size;
+  int memfd;
+  bool charged;  // this process took the device bytes (not so for imported handles)
+  bool released;
+  int maps;
+};
+
+struct Mapping {
+  VmmHandle* handle;
+  std::uint64_t size;
+};
+
+struct ArrayRecord {
+  Context* context;
+  int device;
+  std::uint64_t bytes;
+};
+
+struct Driver {
+  pthread_mutex_t lock;
+  bool initialized;
+  int device_count;
+  int machine_index[kMaxDevices];  // ordinal -> machine device (after CUDA_VISIBLE_DEVICES)
+  struct {
+    Context* context;
+    int retains;
+  } primary[kMaxDevices];
+  Pool* default_pool[kMaxDevices];
+  Pool* current_pool[kMaxDevices];
+  HandleTable<Allocation> allocations;
+  HandleTable<char> contexts;  // live Context* values
+  HandleTable<char> pools;     // live Pool* values
+  HandleTable<VmmHandle*> vmm_handles;
+  HandleTable<Mapping> mappings;
+  HandleTable<ArrayRecord> arrays;
+};
+
+}  // namespace tessera::sim

@@ -1,0 +1,182 @@
+// The simulated NVML (libnvidia-ml.so.1). Like the real one it ignores
+// CUDA_VISIBLE_DEVICES and reports every device of the machine.
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "common/log.h"
+#include "cuda_abi/nvml_abi.h"
+#include "simgpu/sim_machine.h"
+
+using namespace tessera::abi;
+using tessera::sim::machine;
+
+namespace {
+
+// Device handles point into this array; the index is the machine device.
+char device_handles[tessera::kMaxDevices];
+bool initialized = false;
+
+nvmlReturn_t device_index(nvmlDevice_t device, int& index) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  const auto* handle = reinterpret_cast<const char*>(device);
+  if (handle < device_handles || handle >= device_handles + machine().spec().device_count) {
+    return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  index = static_cast<int>(handle - device_handles);
+  return NVML_SUCCESS;
+}
+
+nvmlDevice_t handle_of(int index) { return reinterpret_cast<nvmlDevice_t>(&device_handles[index]); }
+
+nvmlReturn_t copy_string(char* out, unsigned length, const char* text) {
+  if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (std::strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+  std::memcpy(out, text, std::strlen(text) + 1);
+  return NVML_SUCCESS;
+}
+
+}  // namespace
+
+#define SIM_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Lets tools tell the simulated NVML from NVIDIA's.
+SIM_EXPORT const char* tesseraSimulatedGpu() { return "Tessera simulated GPU"; }
+
+SIM_EXPORT nvmlReturn_t nvmlInit_v2() {
+  tessera::ErrorText error;
+  if (!machine().attach(error)) {
+    tessera::log(tessera::LogLevel::error, "simgpu", "%s", error.text);
+    return NVML_ERROR_DRIVER_NOT_LOADED;
+  }
+  initialized = true;
+  return NVML_SUCCESS;
+}
+SIM_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int) { return nvmlInit_v2(); }
+SIM_EXPORT nvmlReturn_t nvmlShutdown() { return NVML_SUCCESS; }
+
+SIM_EXPORT const char* nvmlErrorString(nvmlReturn_t result) {
+  switch (result) {
+    case NVML_SUCCESS:
+      return "Success";
+    case NVML_ERROR_UNINITIALIZED:
+      return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT:
+      return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED:
+      return "Not Supported";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+      return "Insufficient Size";
+    case NVML_ERROR_NOT_FOUND:
+      return "Not Found";
+    case NVML_ERROR_DRIVER_NOT_LOADED:
+      return "Driver Not Loaded";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+      return "Argument Version Mismatch";
+    default:
+      return "Unknown Error";
+  }
+}
+
+SIM_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned int length) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  return copy_string(version, length, "580.00 (Tessera simulated)");
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* count) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *count = static_cast<unsigned>(machine().spec().device_count);
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  if (device == nullptr || index >= static_cast<unsigned>(machine().spec().device_count)) {
+    return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  *device = handle_of(static_cast<int>(index));
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  if (uuid == nullptr || device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  for (int i = 0; i < machine().spec().device_count; ++i) {
+    if (std::strcmp(machine().spec().devices[i].uuid, uuid) == 0) {
+      *device = handle_of(i);
+      return NVML_SUCCESS;
+    }
+  }
+  return NVML_ERROR_NOT_FOUND;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index) {
+  int machine_index = 0;
+  if (nvmlReturn_t status = device_index(device, machine_index); status != NVML_SUCCESS) {
+    return status;
+  }
+  if (index == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *index = static_cast<unsigned>(machine_index);
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  return copy_string(name, length, machine().spec().devices[index].name);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  return copy_string(uuid, length, machine().spec().devices[index].uuid);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  const std::uint64_t total = machine().spec().devices[index].memory_bytes;
+  const std::uint64_t used = machine().used(index);
+  memory->total = total;
+  memory->used = used;
+  memory->free = used < total ? total - used : 0;
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
+  if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+  nvmlMemory_t plain{};
+  if (nvmlReturn_t status = nvmlDeviceGetMemoryInfo(device, &plain); status != NVML_SUCCESS) {
+    return status;
+  }
+  memory->total = plain.total;
+  memory->reserved = 0;
+  memory->free = plain.free;
+  memory->used = plain.used;
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                                unsigned int* count,
+                                                                nvmlProcessInfo_t* infos) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  std::int32_t pids[tessera::kMaxMembers];
+  std::uint64_t used[tessera::kMaxMembers];
+  const int found = machine().processes(index, pids, used, tessera::kMaxMembers);
+  const unsigned capacity = *count;
+  *count = static_cast<unsigned>(found);
+  if (static_cast<unsigned>(found) > capacity || (found > 0 && infos == nullptr)) {
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+  }
+  for (int i = 0; i < found; ++i) {
+    infos[i] = nvmlProcessInfo_t{static_cast<unsigned>(pids[i]), used[i], 0xFFFFFFFFu, 0xFFFFFFFFu};
+  }
+  return NVML_SUCCESS;
+}
