@@ -1,0 +1,126 @@
+// libtessera-cuda.so: the isolation runtime, interposed between a process and the CUDA
+// driver and NVML. This header is the hook's internal state; the entry points it exports
+// are the CUDA/NVML functions in cuda_abi.h/nvml_abi.h lists, plus dlsym.
+//
+// Every exported wrapper starts with hook(), which initialises lazily (once, on the first
+// call) and costs one predictable branch afterwards. With no limit configured the hook
+// forwards every call untouched.
+#pragma once
+
+#include <pthread.h>
+
+#include <cstdint>
+
+#include "common/error_text.h"
+#include "common/handle_table.h"
+#include "common/limits.h"
+#include "cuda_abi/cuda_abi.h"
+#include "cuda_abi/nvml_abi.h"
+#include "ledger/ledger.h"
+
+namespace tessera::hook {
+
+using namespace tessera::abi;
+
+#define TESSERA_DECLARE_REAL(name, params) PFN_##name name;
+struct RealDriver {
+  TESSERA_CUDA_HOOKED(TESSERA_DECLARE_REAL)
+  TESSERA_CUDA_PASSTHROUGH(TESSERA_DECLARE_REAL)
+};
+struct RealNvml {
+  TESSERA_NVML_HOOKED(TESSERA_DECLARE_REAL)
+  TESSERA_NVML_PASSTHROUGH(TESSERA_DECLARE_REAL)
+};
+#undef TESSERA_DECLARE_REAL
+
+// What this process holds on the device, per handle, so frees return exactly what
+// allocations took.
+struct Charge {
+  int device;
+  std::uint64_t bytes;
+  CUcontext context;  // linear allocations and arrays die with their context
+  CUmemoryPool pool;  // stream-ordered allocations are charged through their pool
+};
+
+struct PoolCharge {
+  int device;
+  std::uint64_t charged;  // the pool's reserved bytes as last seen
+  int live_allocations;
+  bool destroy_pending;
+};
+
+struct VmmCharge {
+  int device;
+  std::uint64_t charged;  // 0 for an imported handle until it is first mapped
+  bool imported;
+  bool released;
+  int maps;
+};
+
+struct VmmMapping {
+  CUmemGenericAllocationHandle handle;
+  std::uint64_t size;
+};
+
+struct Hook {
+  RealDriver real;
+  RealNvml nvml;
+  bool nvml_loaded;
+  bool failed;        // misconfigured: every CUDA call fails with the reason logged once
+  bool accounting;    // a ledger is open: memory is charged to the group
+  ErrorText failure;  // why, if failed
+  ledger::Ledger ledger;
+
+  pthread_mutex_t lock;  // guards the tables below
+  HandleTable<Charge> allocations;
+  HandleTable<Charge> arrays;
+  HandleTable<Charge> contexts;
+  HandleTable<PoolCharge> pools;
+  HandleTable<VmmCharge> vmm_handles;
+  HandleTable<VmmMapping> vmm_mappings;
+  struct {
+    CUcontext context;
+    int retains;
+    std::uint64_t charged;
+  } primary[kMaxDevices];
+
+  pthread_mutex_t pool_lock;  // serialises pool operations so growth is attributed exactly
+};
+
+// The initialised hook; the first call in the process initialises it.
+Hook& hook();
+// The result every CUDA entry point returns when the hook is misconfigured.
+CUresult failure_result();
+
+// The device ordinal of the calling thread's current context, or -1 without one.
+int current_device();
+
+// Charges and releases on the group ledger.
+bool charge(int device, std::uint64_t bytes);
+void uncharge(int device, std::uint64_t bytes);
+
+// Forgets the linear allocations and arrays that died with a context.
+void release_context_resources(CUcontext context);
+
+// Wrapper address for an exported name we interpose, or nullptr.
+void* wrapper_by_name(const char* name);
+// Wrapper for a real driver function pointer (found by address, else by the variant the
+// driver would choose for symbol/version/flags), or the pointer itself if not interposed.
+void* wrapper_for(const char* symbol, void* real_function, int cuda_version, cuuint64_t flags);
+
+class TableLock {
+ public:
+  TableLock() { pthread_mutex_lock(&hook().lock); }
+  ~TableLock() { pthread_mutex_unlock(&hook().lock); }
+  TableLock(const TableLock&) = delete;
+  TableLock& operator=(const TableLock&) = delete;
+};
+
+}  // namespace tessera::hook
+
+#define HOOK_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Starts every CUDA wrapper: initialise, and fail closed if misconfigured.
+#define HOOK_ENTER()                                                          \
+  ::tessera::hook::Hook& state = ::tessera::hook::hook();                     \
+  if (__builtin_expect(state.failed, 0)) return ::tessera::hook::failure_result()

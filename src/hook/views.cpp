@@ -1,0 +1,106 @@
+// What a process in a group sees: the group's limit as the device's size, and the group's
+// usage (dead members excluded) as what is used. Free is what the group may still take,
+// never negative and never more than the device physically has free.
+#include <cstdio>
+
+#include "hook/hook.h"
+
+using namespace tessera::abi;
+using namespace tessera::hook;
+
+namespace tessera::hook {
+namespace {
+
+struct View {
+  std::uint64_t total, free, used;
+};
+
+// Narrows a physical view of `device` to the group's; false if no limit applies.
+bool group_view(int device, std::uint64_t physical_total, std::uint64_t physical_free, View& view) {
+  Hook& state = hook();
+  if (!state.accounting || device < 0 || device >= kMaxDevices) return false;
+  const ledger::DeviceUsage usage = state.ledger.usage(device);
+  if (usage.limit == kUnlimited) return false;
+  view.total = usage.limit < physical_total ? usage.limit : physical_total;
+  view.used = usage.used;
+  const std::uint64_t headroom = usage.used < view.total ? view.total - usage.used : 0;
+  view.free = headroom < physical_free ? headroom : physical_free;
+  return true;
+}
+
+// NVML numbers devices physically; the ledger by CUDA ordinal. Match them by UUID.
+int ordinal_of(nvmlDevice_t nvml_device) {
+  Hook& state = hook();
+  char wanted[96] = {};
+  if (state.nvml.nvmlDeviceGetUUID(nvml_device, wanted, sizeof wanted) != NVML_SUCCESS) return -1;
+  if (state.real.cuInit(0) != CUDA_SUCCESS) return -1;
+  int count = 0;
+  state.real.cuDeviceGetCount(&count);
+  for (int ordinal = 0; ordinal < count && ordinal < kMaxDevices; ++ordinal) {
+    CUuuid uuid{};
+    if (state.real.cuDeviceGetUuid(&uuid, ordinal) != CUDA_SUCCESS) continue;
+    const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+    char text[64];
+    std::snprintf(text, sizeof text,
+                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+                  b[13], b[14], b[15]);
+    if (__builtin_strcmp(text, wanted) == 0) return ordinal;
+  }
+  return -1;
+}
+
+}  // namespace
+}  // namespace tessera::hook
+
+HOOK_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
+  HOOK_ENTER();
+  const CUresult result = state.real.cuMemGetInfo_v2(free, total);
+  if (result != CUDA_SUCCESS || !state.accounting) return result;
+  View view{};
+  if (group_view(current_device(), *total, *free, view)) {
+    *total = view.total;
+    *free = view.free;
+  }
+  return result;
+}
+
+HOOK_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice device) {
+  HOOK_ENTER();
+  const CUresult result = state.real.cuDeviceTotalMem_v2(bytes, device);
+  if (result != CUDA_SUCCESS || !state.accounting || device < 0 || device >= tessera::kMaxDevices) {
+    return result;
+  }
+  const std::uint64_t limit = state.ledger.effective_limit(device);
+  if (limit != tessera::kUnlimited && limit < *bytes) *bytes = limit;
+  return result;
+}
+
+HOOK_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+  Hook& state = hook();
+  if (state.nvml.nvmlDeviceGetMemoryInfo == nullptr) return NVML_ERROR_DRIVER_NOT_LOADED;
+  const nvmlReturn_t result = state.nvml.nvmlDeviceGetMemoryInfo(device, memory);
+  if (result != NVML_SUCCESS || state.failed || !state.accounting) return result;
+  View view{};
+  if (group_view(ordinal_of(device), memory->total, memory->free, view)) {
+    memory->total = view.total;
+    memory->free = view.free;
+    memory->used = view.used;
+  }
+  return result;
+}
+
+HOOK_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
+  Hook& state = hook();
+  if (state.nvml.nvmlDeviceGetMemoryInfo_v2 == nullptr) return NVML_ERROR_DRIVER_NOT_LOADED;
+  const nvmlReturn_t result = state.nvml.nvmlDeviceGetMemoryInfo_v2(device, memory);
+  if (result != NVML_SUCCESS || state.failed || !state.accounting) return result;
+  View view{};
+  if (group_view(ordinal_of(device), memory->total, memory->free, view)) {
+    memory->total = view.total;
+    memory->free = view.free;
+    memory->used = view.used;
+    memory->reserved = 0;  // the driver's reservation is outside the group's slice
+  }
+  return result;
+}
