@@ -84,9 +84,12 @@ bool Ledger::create_or_open(const char* path, const GroupSpec& spec, ErrorText& 
   }
   for (int device = 0; device < kMaxDevices; ++device) {
     if (file_->memory_limit[device] != spec.limits.memory_bytes[device]) {
+      const unsigned long long existing = file_->memory_limit[device];
       close();
-      return error.set("%s: group exists with a different memory limit on device %d", path,
-                       device);
+      return error.set("%s: group exists with a memory limit of %llu bytes on device %d; this "
+                       "run asks for %llu",
+                       path, existing, device,
+                       static_cast<unsigned long long>(spec.limits.memory_bytes[device]));
     }
   }
   return true;

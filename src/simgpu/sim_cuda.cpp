@@ -430,7 +430,8 @@ void destroy_context(Context* context) {
     locked->contexts.take(reinterpret_cast<std::uint64_t>(context), ignored);
   }
   machine().uncharge(context->device, spec_of(context->device).context_bytes);
-  if (current_context == context) current_context = nullptr;
+  // A destroyed current context is popped, as cuCtxPopCurrent would.
+  if (current_context == context) current_context = context_depth > 0 ? context_stack[--context_depth] : nullptr;
   std::free(context);
 }
 

@@ -1,0 +1,34 @@
+// The tessera subcommands. Each returns the process exit status; errors the user can fix
+// are thrown as std::runtime_error with a message that names the input at fault.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tessera::cli {
+
+struct RunOptions {
+  std::optional<int> device;  // physical GPU index; the group sees only this GPU
+  std::string memory;         // a size, as written by the user
+  std::string group;          // empty: a group of its own
+  bool keep = false;          // leave the ledger for `tessera top` after the command ends
+  bool summary = false;       // print the group's limit, peak and refusals at the end
+  std::vector<std::string> command;
+};
+int run_command(const RunOptions& options);
+
+struct DevicesOptions {
+  bool json = false;
+};
+int devices_command(const DevicesOptions& options);
+
+struct TopOptions {
+  bool once = false;
+  bool json = false;
+  double interval_seconds = 1.0;
+};
+int top_command(const TopOptions& options);
+
+}  // namespace tessera::cli

@@ -1,0 +1,51 @@
+// The tessera command.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <stdexcept>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  using namespace tessera::cli;
+  CLI::App app{"Tessera: share NVIDIA GPUs safely between workloads"};
+  app.require_subcommand(1);
+
+  RunOptions run;
+  CLI::App* run_app = app.add_subcommand(
+      "run", "Run a command in a sharing group whose device memory is limited");
+  run_app->add_option("--memory", run.memory, "Device memory the group may hold, e.g. 8GiB")
+      ->required();
+  run_app->add_option("--device", run.device, "Give the group only this GPU (physical index)");
+  run_app->add_option("--group", run.group,
+                      "Join or create a named group (several runs share one limit)");
+  run_app->add_flag("--keep", run.keep, "Keep the group's ledger after the command ends");
+  run_app->add_flag("--summary", run.summary, "Print limit, peak and refusals at the end");
+  run_app->add_option("command", run.command, "The command and its arguments (after --)")
+      ->required();
+
+  DevicesOptions devices;
+  CLI::App* devices_app = app.add_subcommand("devices", "List GPUs, real or simulated");
+  devices_app->add_flag("--json", devices.json, "Print JSON");
+
+  TopOptions top;
+  CLI::App* top_app = app.add_subcommand("top", "Show each group's memory on each device");
+  top_app->add_flag("--once", top.once, "Print one snapshot and exit");
+  top_app->add_flag("--json", top.json, "Print JSON (implies --once)");
+  top_app->add_option("--interval", top.interval_seconds, "Seconds between refreshes")
+      ->check(CLI::PositiveNumber);
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (run_app->parsed()) return run_command(run);
+    if (devices_app->parsed()) return devices_command(devices);
+    if (top_app->parsed()) {
+      top.once = top.once || top.json;
+      return top_command(top);
+    }
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "tessera: {}\n", error.what());
+    return 1;
+  }
+  return 2;
+}

@@ -1,0 +1,118 @@
+// tessera run: start a command in a sharing group with a memory limit on its GPU.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/core.h>
+
+#include "cli/commands.h"
+#include "cli/environment.h"
+#include "common/units.h"
+#include "ledger/ledger.h"
+
+namespace tessera::cli {
+namespace {
+
+pid_t child_pid = 0;
+
+void forward_signal(int signal_number) {
+  if (child_pid > 0) kill(child_pid, signal_number);
+}
+
+bool valid_group_name(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+      return false;
+    }
+  }
+  return name.front() != '.';
+}
+
+std::string human(std::uint64_t bytes) {
+  char text[32];
+  format_size(bytes, text, sizeof text);
+  return text;
+}
+
+}  // namespace
+
+int run_command(const RunOptions& options) {
+  std::uint64_t limit = 0;
+  if (!parse_size(options.memory, limit) || limit == 0) {
+    throw std::runtime_error(fmt::format(
+        "--memory '{}' is not a size larger than 0 (write e.g. 8GiB, 512MiB or 8g)", options.memory));
+  }
+  if (options.device && (*options.device < 0 || *options.device >= kMaxDevices)) {
+    throw std::runtime_error(
+        fmt::format("--device {} is out of range (0 to {})", *options.device, kMaxDevices - 1));
+  }
+  const std::string group =
+      options.group.empty() ? fmt::format("run-{}", getpid()) : options.group;
+  if (!valid_group_name(group)) {
+    throw std::runtime_error(fmt::format(
+        "--group '{}' must be 1 to 63 letters, digits, '-', '_' or '.'", options.group));
+  }
+  if (options.command.empty()) throw std::runtime_error("no command given after --");
+
+  const Installation installation = locate_installation();
+  const bool simulated = use_simulated_gpu(installation);
+  if (simulated) {
+    fmt::print(stderr, "tessera: no NVIDIA driver found; using the simulated GPU\n");
+    prepend_to_path_variable("LD_LIBRARY_PATH", installation.simulator_dir, ':');
+  }
+
+  // The group sees one GPU with --device (as its device 0), else every GPU, each limited.
+  ledger::GroupSpec spec;
+  spec.name = group.c_str();
+  if (options.device) {
+    spec.limits.memory_bytes[0] = limit;
+    setenv("CUDA_VISIBLE_DEVICES", std::to_string(*options.device).c_str(), 1);
+  } else {
+    for (auto& bytes : spec.limits.memory_bytes) bytes = limit;
+  }
+  const std::string path = fmt::format("{}/{}.ledger", runtime_directory(), group);
+  ledger::Ledger ledger;
+  ErrorText error;
+  if (!ledger.create_or_open(path.c_str(), spec, error)) throw std::runtime_error(error.text);
+
+  setenv("TESSERA_LEDGER", path.c_str(), 1);
+  setenv("TESSERA_MEMORY_LIMIT", options.device ? fmt::format("0={}", limit).c_str()
+                                                : std::to_string(limit).c_str(), 1);
+  prepend_to_path_variable("LD_PRELOAD", installation.hook_library, ':');
+
+  child_pid = fork();
+  if (child_pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
+  if (child_pid == 0) {
+    std::vector<char*> argv;
+    for (const std::string& word : options.command) argv.push_back(const_cast<char*>(word.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    fmt::print(stderr, "tessera run: cannot run '{}': {}\n", options.command[0], std::strerror(errno));
+    _exit(127);
+  }
+  for (int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(signal_number, forward_signal);
+  int status = 0;
+  while (waitpid(child_pid, &status, 0) < 0 && errno == EINTR) {
+  }
+
+  if (options.summary) {
+    for (int device = 0; device < kMaxDevices; ++device) {
+      const ledger::DeviceUsage usage = ledger.usage(device);
+      if (usage.peak == 0 && usage.rejections == 0 && (options.device || device > 0)) continue;
+      fmt::print(stderr, "tessera: group {} device {}: limit {}, peak {}, refused {}\n", group,
+                 device, human(usage.limit), human(usage.peak), usage.rejections);
+    }
+  }
+  // The ledger goes with the group's last member, unless asked to keep it.
+  if (!options.keep && ledger.live_members() == 0) std::filesystem::remove(path);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,93 @@
+// tessera top: each sharing group's memory on each device, read from the ledgers.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/environment.h"
+#include "common/units.h"
+#include "ledger/ledger.h"
+
+namespace tessera::cli {
+namespace {
+
+std::string human(std::uint64_t bytes) {
+  char text[32];
+  format_size(bytes, text, sizeof text);
+  return text;
+}
+
+// One row per group and device that has a limit or has seen use.
+nlohmann::json snapshot(const std::string& directory) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+    if (entry.path().extension() == ".ledger") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& file : files) {
+    ledger::Ledger ledger;
+    ErrorText error;
+    if (!ledger.open(file.c_str(), error)) {
+      rows.push_back({{"group", file.stem().string()}, {"error", error.text}});
+      continue;
+    }
+    const int members = ledger.live_members();
+    for (int device = 0; device < kMaxDevices; ++device) {
+      const ledger::DeviceUsage usage = ledger.usage(device);
+      if (usage.limit == kUnlimited && usage.peak == 0) continue;
+      if (device > 0 && usage.peak == 0 && usage.used == 0 &&
+          usage.limit == ledger.effective_limit(0)) {
+        continue;  // the same limit on every device: show the ones in use, and device 0
+      }
+      rows.push_back({{"group", ledger.file()->group_name}, {"device", device},
+                      {"limit", usage.limit}, {"used", usage.used}, {"peak", usage.peak},
+                      {"refused", usage.rejections}, {"members", members}});
+    }
+  }
+  return rows;
+}
+
+void print_table(const nlohmann::json& rows) {
+  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>9}\n", "GROUP", "DEVICE", "LIMIT", "USED", "PEAK",
+             "REFUSED", "MEMBERS");
+  for (const auto& row : rows) {
+    if (row.contains("error")) {
+      fmt::print("{:<20} unreadable: {}\n", row["group"].get<std::string>(),
+                 row["error"].get<std::string>());
+      continue;
+    }
+    fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>9}\n", row["group"].get<std::string>(),
+               row["device"].get<int>(),
+               row["limit"].get<std::uint64_t>() == kUnlimited ? std::string("none")
+                                                               : human(row["limit"].get<std::uint64_t>()),
+               human(row["used"].get<std::uint64_t>()), human(row["peak"].get<std::uint64_t>()),
+               row["refused"].get<std::uint64_t>(), row["members"].get<int>());
+  }
+}
+
+}  // namespace
+
+int top_command(const TopOptions& options) {
+  const std::string directory = runtime_directory();
+  for (;;) {
+    const nlohmann::json rows = snapshot(directory);
+    if (options.json) {
+      fmt::print("{}\n", rows.dump(2));
+    } else {
+      if (!options.once) fmt::print("\033[H\033[2J");
+      print_table(rows);
+    }
+    if (options.once) return 0;
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(options.interval_seconds));
+  }
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,336 @@
+// A driver-API program that the tests run under the hook: one subcommand per behaviour,
+// results printed as key=value lines. It links libcuda.so.1 by name, like any CUDA program,
+// so the same binary runs on the simulated GPU and on a real one.
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_abi/cuda_abi.h"
+
+using namespace tessera::abi;
+
+#define TESSERA_DECLARE_DRIVER(name, params) extern "C" CUresult name params;
+TESSERA_CUDA_HOOKED(TESSERA_DECLARE_DRIVER)
+TESSERA_CUDA_PASSTHROUGH(TESSERA_DECLARE_DRIVER)
+#undef TESSERA_DECLARE_DRIVER
+
+namespace {
+
+constexpr std::size_t kMiB = 1ull << 20;
+
+void check(CUresult result, const char* what) {
+  if (result != CUDA_SUCCESS) {
+    std::printf("error=%d during=%s\n", result, what);
+    std::fflush(stdout);
+    std::exit(3);
+  }
+}
+
+CUcontext start(int device = 0) {
+  check(cuInit(0), "cuInit");
+  CUcontext context = nullptr;
+  check(cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
+  return context;
+}
+
+void print_view(const char* prefix) {
+  std::size_t free = 0, total = 0;
+  check(cuMemGetInfo_v2(&free, &total), "cuMemGetInfo");
+  std::printf("%sfree=%zu\n%stotal=%zu\n", prefix, free, prefix, total);
+}
+
+// Allocates `bytes` through one named path; prints result=<CUresult>. Leaves it allocated
+// when `keep`, else frees it and checks the free succeeded.
+int allocate_via(const std::string& path, std::size_t bytes, bool keep) {
+  CUresult result = CUDA_ERROR_INVALID_VALUE;
+  if (path == "alloc") {
+    CUdeviceptr p = 0;
+    result = cuMemAlloc_v2(&p, bytes);
+    if (result == CUDA_SUCCESS && !keep) check(cuMemFree_v2(p), "cuMemFree");
+  } else if (path == "pitch") {
+    CUdeviceptr p = 0;
+    std::size_t pitch = 0;
+    // 1000-byte rows: the driver pads each to its pitch, which is what must be charged.
+    result = cuMemAllocPitch_v2(&p, &pitch, 1000, bytes / 1000, 4);
+    if (result == CUDA_SUCCESS) std::printf("pitch=%zu\n", pitch);
+    if (result == CUDA_SUCCESS && !keep) check(cuMemFree_v2(p), "cuMemFree");
+  } else if (path == "managed") {
+    CUdeviceptr p = 0;
+    result = cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (result == CUDA_SUCCESS && !keep) check(cuMemFree_v2(p), "cuMemFree");
+  } else if (path == "async") {
+    CUdeviceptr p = 0;
+    result = cuMemAllocAsync(&p, bytes, nullptr);
+    if (result == CUDA_SUCCESS && !keep) {
+      check(cuMemFreeAsync(p, nullptr), "cuMemFreeAsync");
+      check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+    }
+  } else if (path == "pool") {
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CUmemoryPool pool = nullptr;
+    check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+    CUdeviceptr p = 0;
+    result = cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr);
+    if (result == CUDA_SUCCESS && !keep) {
+      check(cuMemFreeAsync(p, nullptr), "cuMemFreeAsync");
+      check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+      check(cuMemPoolDestroy(pool), "cuMemPoolDestroy");
+    }
+  } else if (path == "vmm" || path == "vmm-host") {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = path == "vmm" ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+    prop.location.id = 0;
+    std::size_t granularity = 0;
+    check(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "granularity");
+    const std::size_t size = (bytes + granularity - 1) / granularity * granularity;
+    CUmemGenericAllocationHandle handle = 0;
+    result = cuMemCreate(&handle, size, &prop, 0);
+    if (result == CUDA_SUCCESS) {
+      // Map, release the handle while mapped (as the CUDA samples do), then unmap: the
+      // memory lives until the unmap.
+      CUdeviceptr va = 0;
+      check(cuMemAddressReserve(&va, size, 0, 0, 0), "cuMemAddressReserve");
+      check(cuMemMap(va, size, 0, handle, 0), "cuMemMap");
+      check(cuMemRelease(handle), "cuMemRelease");
+      print_view("mapped_");
+      if (!keep) {
+        check(cuMemUnmap(va, size), "cuMemUnmap");
+        check(cuMemAddressFree(va, size), "cuMemAddressFree");
+      }
+    }
+  } else if (path == "array" || path == "array3d" || path == "mipmap") {
+    // 4-byte texels, 1000 wide: rows are padded by the driver.
+    const std::size_t height = bytes / 4000;
+    if (path == "array") {
+      CUDA_ARRAY_DESCRIPTOR desc{1000, height, CU_AD_FORMAT_FLOAT, 1};
+      CUarray array = nullptr;
+      result = cuArrayCreate_v2(&array, &desc);
+      if (result == CUDA_SUCCESS && !keep) check(cuArrayDestroy(array), "cuArrayDestroy");
+    } else if (path == "array3d") {
+      CUDA_ARRAY3D_DESCRIPTOR desc{1000, height / 4, 4, CU_AD_FORMAT_FLOAT, 1, 0};
+      CUarray array = nullptr;
+      result = cuArray3DCreate_v2(&array, &desc);
+      if (result == CUDA_SUCCESS && !keep) check(cuArrayDestroy(array), "cuArrayDestroy");
+    } else {
+      CUDA_ARRAY3D_DESCRIPTOR desc{1000, height, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+      CUmipmappedArray array = nullptr;
+      result = cuMipmappedArrayCreate(&array, &desc, 3);
+      if (result == CUDA_SUCCESS && !keep) check(cuMipmappedArrayDestroy(array), "destroy");
+    }
+  } else if (path == "context") {
+    CUcontext context = nullptr;
+    result = cuCtxCreate_v4(&context, nullptr, 0, 0);
+    if (result == CUDA_SUCCESS && !keep) check(cuCtxDestroy_v2(context), "cuCtxDestroy");
+  } else {
+    std::printf("unknown path %s\n", path.c_str());
+    return 2;
+  }
+  std::printf("result=%d\n", result);
+  return 0;
+}
+
+using AllocFunction = CUresult (*)(CUdeviceptr*, std::size_t);
+using GetProcV2 = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+// Finds cuMemAlloc through one of the ways programs reach the driver.
+AllocFunction find_alloc(const std::string& mode) {
+  if (mode == "direct") return &cuMemAlloc_v2;
+  if (mode == "dlsym") {
+    void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    return reinterpret_cast<AllocFunction>(dlsym(handle, "cuMemAlloc_v2"));
+  }
+  GetProcV2 get_proc = &cuGetProcAddress_v2;
+  if (mode == "procaddress-self") {
+    // cudart asks the driver for cuGetProcAddress itself, then uses that for everything.
+    void* self = nullptr;
+    check(cuGetProcAddress_v2("cuGetProcAddress", &self, 12000, 0, nullptr), "lookup self");
+    get_proc = reinterpret_cast<GetProcV2>(self);
+  }
+  void* found = nullptr;
+  CUdriverProcAddressQueryResult status = -1;
+  check(get_proc("cuMemAlloc", &found, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status), "lookup");
+  if (status != CU_GET_PROC_ADDRESS_SUCCESS) std::printf("lookup_status=%d\n", status);
+  return reinterpret_cast<AllocFunction>(found);
+}
+
+int lookup(const std::string& mode, std::size_t bytes) {
+  start();
+  AllocFunction allocate = find_alloc(mode);
+  if (allocate == nullptr) {
+    std::printf("result=not-found\n");
+    return 0;
+  }
+  CUdeviceptr p = 0;
+  const CUresult result = allocate(&p, bytes);
+  std::printf("result=%d\n", result);
+  if (result == CUDA_SUCCESS) check(cuMemFree_v2(p), "cuMemFree");
+  return 0;
+}
+
+// Threads allocating and freeing random sizes; prints how many allocations were refused.
+int stress(int threads, int iterations, std::size_t max_bytes, unsigned seed) {
+  CUcontext context = start();
+  std::atomic<long> refused{0}, granted{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
+      std::mt19937_64 random(seed * 1000 + static_cast<unsigned>(t));
+      std::vector<CUdeviceptr> held;
+      for (int i = 0; i < iterations; ++i) {
+        if (!held.empty() && (random() % 3 == 0 || held.size() > 8)) {
+          const std::size_t index = random() % held.size();
+          check(cuMemFree_v2(held[index]), "cuMemFree");
+          held.erase(held.begin() + static_cast<long>(index));
+          continue;
+        }
+        CUdeviceptr p = 0;
+        const CUresult result = cuMemAlloc_v2(&p, 1 + random() % max_bytes);
+        if (result == CUDA_SUCCESS) {
+          held.push_back(p);
+          ++granted;
+        } else if (result == CUDA_ERROR_OUT_OF_MEMORY) {
+          ++refused;
+        } else {
+          check(result, "cuMemAlloc");
+        }
+      }
+      for (CUdeviceptr p : held) check(cuMemFree_v2(p), "cuMemFree");
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  std::printf("granted=%ld\nrefused=%ld\n", granted.load(), refused.load());
+  return 0;
+}
+
+// Allocates and frees through several paths forever: a target for kill -9.
+int churn(unsigned seed) {
+  start();
+  std::mt19937_64 random(seed);
+  std::printf("ready\n");
+  std::fflush(stdout);
+  for (;;) {
+    const std::size_t bytes = (1 + random() % 64) * kMiB;
+    CUdeviceptr p = 0;
+    switch (random() % 3) {
+      case 0:
+        if (cuMemAlloc_v2(&p, bytes) == CUDA_SUCCESS) cuMemFree_v2(p);
+        break;
+      case 1:
+        if (cuMemAllocAsync(&p, bytes, nullptr) == CUDA_SUCCESS) {
+          cuMemFreeAsync(p, nullptr);
+          cuStreamSynchronize(nullptr);
+        }
+        break;
+      default:
+        if (cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS) cuMemFree_v2(p);
+        break;
+    }
+  }
+}
+
+int fill(std::size_t chunk) {
+  start();
+  print_view("");
+  std::vector<CUdeviceptr> held;
+  CUresult result = CUDA_SUCCESS;
+  while (true) {
+    CUdeviceptr p = 0;
+    result = cuMemAlloc_v2(&p, chunk);
+    if (result != CUDA_SUCCESS) break;
+    held.push_back(p);
+  }
+  std::printf("allocated=%zu\nerror=%d\n", held.size() * chunk, result);
+  for (CUdeviceptr p : held) check(cuMemFree_v2(p), "cuMemFree");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const std::string command = argc > 1 ? argv[1] : "";
+  auto number = [&](int index) { return std::strtoull(argv[index], nullptr, 10); };
+  if (command == "info") {
+    start();
+    print_view("");
+    std::size_t total = 0;
+    check(cuDeviceTotalMem_v2(&total, 0), "cuDeviceTotalMem");
+    std::printf("device_total=%zu\n", total);
+    return 0;
+  }
+  if (command == "init") {  // the first CUDA call and nothing else
+    std::printf("result=%d\n", cuInit(0));
+    return 0;
+  }
+  if (command == "path" && argc >= 4) {
+    start();
+    const bool keep = argc > 4 && std::string(argv[4]) == "keep";
+    const int status = allocate_via(argv[2], number(3), keep);
+    print_view("after_");
+    return status;
+  }
+  if (command == "lookup" && argc >= 4) return lookup(argv[2], number(3));
+  if (command == "stress" && argc >= 6) {
+    return stress(static_cast<int>(number(2)), static_cast<int>(number(3)), number(4),
+                  static_cast<unsigned>(number(5)));
+  }
+  if (command == "fill" && argc >= 3) return fill(number(2));
+  if (command == "churn" && argc >= 3) return churn(static_cast<unsigned>(number(2)));
+  if (command == "hold" && argc >= 3) {  // allocate, report, wait for stdin to close
+    start();
+    CUdeviceptr p = 0;
+    std::printf("result=%d\n", cuMemAlloc_v2(&p, number(2)));
+    print_view("");
+    char buffer[16];
+    while (read(STDIN_FILENO, buffer, sizeof buffer) > 0) {
+    }
+    return 0;
+  }
+  if (command == "fork" && argc >= 4) {
+    start();
+    CUdeviceptr p = 0;
+    check(cuMemAlloc_v2(&p, number(2)), "parent cuMemAlloc");
+    const pid_t child = fork();
+    if (child == 0) {
+      start();  // CUDA state does not survive fork: the child starts over
+      print_view("child_");
+      CUdeviceptr q = 0;
+      std::printf("child_result=%d\n", cuMemAlloc_v2(&q, number(3)));
+      print_view("child_after_");
+      std::fflush(stdout);
+      _exit(0);  // without freeing: its memory must be reclaimed when it is gone
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    print_view("parent_");
+    return 0;
+  }
+  if (command == "exec" && argc >= 3) {  // allocate, then replace this image
+    start();
+    CUdeviceptr p = 0;
+    check(cuMemAlloc_v2(&p, number(2)), "cuMemAlloc");
+    execl("/proc/self/exe", argv[0], "info", static_cast<char*>(nullptr));
+    return 4;
+  }
+  std::fprintf(stderr,
+               "usage: cuda_worker info|init|path NAME BYTES [keep]|lookup MODE BYTES|"
+               "stress THREADS ITERATIONS MAX_BYTES SEED|fill CHUNK|churn SEED|hold BYTES|"
+               "fork PARENT_BYTES CHILD_BYTES|exec BYTES\n");
+  return 2;
+}
