@@ -58,10 +58,11 @@ bool parse_memory_limit_list(const char* variable, const char* value, DeviceLimi
     for (int device = 0; device < kMaxDevices; ++device) limits.tighten(device, bytes);
     return true;
   }
-  while (!rest.empty()) {
+  for (bool more = true; more;) {
     const std::size_t comma = rest.find(',');
     const std::string_view item = slice(rest, 0, comma);
-    rest = comma == std::string_view::npos ? std::string_view() : slice(rest, comma + 1);
+    more = comma != std::string_view::npos;  // "0=1G," ends in an empty item: an error
+    rest = slice(rest, comma == std::string_view::npos ? rest.size() : comma + 1);
     const std::size_t equals = item.find('=');
     int device = 0;
     if (equals == std::string_view::npos || !parse_device_index(slice(item, 0, equals), device)) {

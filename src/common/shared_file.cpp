@@ -146,7 +146,8 @@ bool liveness_lock_held_by_other(int fd, int index) {
   return lock.l_type != F_UNLCK;
 }
 
-void reopen_as_own_description(int fd) {
+void SharedMapping::reopen_in_child() {
+  if (fd < 0) return;
   char path[64];
   // Hand-formatted: snprintf is not async-signal-safe.
   const char prefix[] = "/proc/self/fd/";
@@ -162,6 +163,7 @@ void reopen_as_own_description(int fd) {
   if (fresh < 0) return;
   dup3(fresh, fd, O_CLOEXEC);
   ::close(fresh);
+  mmap(base, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
 }
 
 }  // namespace tessera

@@ -23,6 +23,11 @@ struct SharedMapping {
   std::size_t size = 0;
 
   void close();
+  // In a forked child: the inherited descriptor and mapping both reference the parent's
+  // open file description, and with it the parent's liveness lock, which would then
+  // outlive the parent. Gives the child a description of its own for both, at the same
+  // address. Async-signal-safe.
+  void reopen_in_child();
 };
 
 using InitializeShared = void (*)(void* base, const void* context);
@@ -50,9 +55,5 @@ void unlock_robust(pthread_mutex_t* mutex);
 bool take_liveness_lock(int fd, int index);
 void drop_liveness_lock(int fd, int index);
 bool liveness_lock_held_by_other(int fd, int index);
-
-// After fork the child shares the parent's open file description, and with it the
-// parent's liveness lock. Gives the child's fd its own description. Async-signal-safe.
-void reopen_as_own_description(int fd);
 
 }  // namespace tessera

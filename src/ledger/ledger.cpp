@@ -72,6 +72,9 @@ bool Ledger::attach(const char* path, ErrorText& error) {
     close();
     return false;
   }
+  for (int device = 0; device < kMaxDevices; ++device) {
+    file_limits_.memory_bytes[device] = file_->memory_limit[device];
+  }
   accounts_.attach(&file_->accounts, mapping_.fd);
   return true;
 }
@@ -115,7 +118,7 @@ void Ledger::close() {
 }
 
 std::uint64_t Ledger::effective_limit(int device) const {
-  return min_limit(file_->memory_limit[device], process_limits_.memory_bytes[device]);
+  return min_limit(file_limits_.memory_bytes[device], process_limits_.memory_bytes[device]);
 }
 
 bool Ledger::join(ErrorText& error) {
@@ -131,7 +134,7 @@ DeviceUsage Ledger::usage(int device) {
 
 void Ledger::after_fork_in_child() {
   if (file_ == nullptr) return;
-  reopen_as_own_description(mapping_.fd);
+  mapping_.reopen_in_child();
   accounts_.forget_slot();
 }
 

@@ -3,9 +3,9 @@
 // the hook, `tessera run` and `tessera top` all go through it. The accounting itself,
 // and its safety under kill -9, is common/member_accounts.h.
 //
-// Limits: the creator writes them once, under a checksum. A member enforces the lower of
-// the file's limit and the one in its own environment, so writing the file can only lower
-// a limit, never raise one.
+// Limits: the creator writes them once, under a checksum that every opener verifies, and a
+// member keeps the limits it verified. It enforces the lower of those and the limits in its
+// own environment, so writing the file cannot raise anyone's limit.
 #pragma once
 
 #include <cstdint>
@@ -90,6 +90,7 @@ class Ledger {
   SharedMapping mapping_;
   LedgerFile* file_ = nullptr;
   MemberAccounts accounts_;
+  DeviceLimits file_limits_;  // as validated at open: later writes to the file change nothing
   DeviceLimits process_limits_;
 };
 

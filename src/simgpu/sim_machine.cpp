@@ -69,7 +69,7 @@ bool Machine::attach(ErrorText& error) {
 
 void Machine::after_fork_in_child() {
   if (file_ == nullptr) return;
-  reopen_as_own_description(mapping_.fd);
+  mapping_.reopen_in_child();
   accounts_.forget_slot();  // the child joins on its first charge
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda_abi/cuda_abi.h"
+#include "cuda_abi/nvml_abi.h"
 
 using namespace tessera::abi;
 
@@ -22,6 +23,10 @@ using namespace tessera::abi;
 TESSERA_CUDA_HOOKED(TESSERA_DECLARE_DRIVER)
 TESSERA_CUDA_PASSTHROUGH(TESSERA_DECLARE_DRIVER)
 #undef TESSERA_DECLARE_DRIVER
+#define TESSERA_DECLARE_NVML(name, params) extern "C" nvmlReturn_t name params;
+TESSERA_NVML_HOOKED(TESSERA_DECLARE_NVML)
+TESSERA_NVML_PASSTHROUGH(TESSERA_DECLARE_NVML)
+#undef TESSERA_DECLARE_NVML
 
 namespace {
 
@@ -43,10 +48,26 @@ CUcontext start(int device = 0) {
   return context;
 }
 
+// What the driver itself records this process as holding on device 0 (NVML's process list,
+// which the hook leaves alone).
+unsigned long long driver_process_usage() {
+  if (nvmlInit_v2() != NVML_SUCCESS) return 0;
+  nvmlDevice_t device = nullptr;
+  if (nvmlDeviceGetHandleByIndex_v2(0, &device) != NVML_SUCCESS) return 0;
+  nvmlProcessInfo_t infos[64];
+  unsigned count = 64;
+  if (nvmlDeviceGetComputeRunningProcesses_v3(device, &count, infos) != NVML_SUCCESS) return 0;
+  for (unsigned i = 0; i < count; ++i) {
+    if (infos[i].pid == static_cast<unsigned>(getpid())) return infos[i].usedGpuMemory;
+  }
+  return 0;
+}
+
 void print_view(const char* prefix) {
   std::size_t free = 0, total = 0;
   check(cuMemGetInfo_v2(&free, &total), "cuMemGetInfo");
-  std::printf("%sfree=%zu\n%stotal=%zu\n", prefix, free, prefix, total);
+  std::printf("%sfree=%zu\n%stotal=%zu\n%sdriver_used=%llu\n", prefix, free, prefix, total,
+              prefix, driver_process_usage());
 }
 
 // Allocates `bytes` through one named path; prints result=<CUresult>. Leaves it allocated
@@ -163,12 +184,34 @@ AllocFunction find_alloc(const std::string& mode) {
   }
   void* found = nullptr;
   CUdriverProcAddressQueryResult status = -1;
-  check(get_proc("cuMemAlloc", &found, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &status), "lookup");
+  // "procaddress-3020": what a CUDA 3.2-era runtime would ask for.
+  const int version = mode == "procaddress-3020" ? 3020 : 12000;
+  check(get_proc("cuMemAlloc", &found, version, CU_GET_PROC_ADDRESS_DEFAULT, &status), "lookup");
   if (status != CU_GET_PROC_ADDRESS_SUCCESS) std::printf("lookup_status=%d\n", status);
   return reinterpret_cast<AllocFunction>(found);
 }
 
+// cuMemAllocAsync looked up for per-thread default streams must still be governed.
+int lookup_per_thread(std::size_t bytes) {
+  start();
+  void* found = nullptr;
+  CUdriverProcAddressQueryResult status = -1;
+  check(cuGetProcAddress_v2("cuMemAllocAsync", &found, 12000,
+                            CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status),
+        "lookup");
+  using AsyncFunction = CUresult (*)(CUdeviceptr*, std::size_t, CUstream);
+  CUdeviceptr p = 0;
+  std::printf("result=%d\n", reinterpret_cast<AsyncFunction>(found)(&p, bytes, nullptr));
+  // Statuses for a symbol that does not exist and one asked for too early.
+  check(cuGetProcAddress_v2("cuNoSuchFunction", &found, 12000, 0, &status), "lookup missing");
+  std::printf("missing_status=%d\nmissing_pointer=%s\n", status, found ? "set" : "null");
+  check(cuGetProcAddress_v2("cuMemAllocAsync", &found, 11000, 0, &status), "lookup early");
+  std::printf("early_status=%d\nearly_pointer=%s\n", status, found ? "set" : "null");
+  return 0;
+}
+
 int lookup(const std::string& mode, std::size_t bytes) {
+  if (mode == "procaddress-ptsz") return lookup_per_thread(bytes);
   start();
   AllocFunction allocate = find_alloc(mode);
   if (allocate == nullptr) {
@@ -244,6 +287,53 @@ int churn(unsigned seed) {
   }
 }
 
+// A pool keeps freed memory until a synchronisation point releases what is above its
+// release threshold: the group must be charged for what the pool holds.
+int pool_cache(std::size_t bytes) {
+  start();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, nullptr), "cuMemAllocAsync");
+  check(cuMemFreeAsync(p, nullptr), "cuMemFreeAsync");
+  print_view("cached_");  // freed but still held by the pool
+  check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  print_view("synced_");  // released: threshold 0
+  std::uint64_t threshold = ~0ull;
+  check(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "threshold");
+  check(cuMemAllocAsync(&p, bytes, nullptr), "cuMemAllocAsync");
+  check(cuMemFreeAsync(p, nullptr), "cuMemFreeAsync");
+  check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  print_view("kept_");  // the threshold keeps it in the pool
+  CUdeviceptr q = 0;
+  std::printf("reuse_result=%d\n", cuMemAllocAsync(&q, bytes, nullptr));  // served from the pool
+  check(cuMemFreeAsync(q, nullptr), "cuMemFreeAsync");
+  check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+  print_view("trimmed_");
+  return 0;
+}
+
+int nvml_view() {
+  start();
+  check(nvmlInit_v2() == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, "nvmlInit");
+  nvmlDevice_t device = nullptr;
+  check(nvmlDeviceGetHandleByIndex_v2(0, &device) == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN,
+        "nvmlDeviceGetHandleByIndex");
+  nvmlMemory_t memory{};
+  check(nvmlDeviceGetMemoryInfo(device, &memory) == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN,
+        "nvmlDeviceGetMemoryInfo");
+  std::printf("nvml_total=%llu\nnvml_free=%llu\nnvml_used=%llu\n", memory.total, memory.free,
+              memory.used);
+  nvmlMemory_v2_t memory2{};
+  memory2.version = nvmlMemory_v2;
+  check(nvmlDeviceGetMemoryInfo_v2(device, &memory2) == NVML_SUCCESS ? CUDA_SUCCESS
+                                                                     : CUDA_ERROR_UNKNOWN,
+        "nvmlDeviceGetMemoryInfo_v2");
+  std::printf("nvml2_total=%llu\nnvml2_free=%llu\nnvml2_used=%llu\n", memory2.total, memory2.free,
+              memory2.used);
+  return 0;
+}
+
 int fill(std::size_t chunk) {
   start();
   print_view("");
@@ -291,6 +381,13 @@ int main(int argc, char** argv) {
                   static_cast<unsigned>(number(5)));
   }
   if (command == "fill" && argc >= 3) return fill(number(2));
+  if (command == "pool-cache" && argc >= 3) return pool_cache(number(2));
+  if (command == "nvml" && argc >= 3) {  // NVML's view, with BYTES held through CUDA
+    start();
+    CUdeviceptr p = 0;
+    check(cuMemAlloc_v2(&p, number(2)), "cuMemAlloc");
+    return nvml_view();
+  }
   if (command == "churn" && argc >= 3) return churn(static_cast<unsigned>(number(2)));
   if (command == "hold" && argc >= 3) {  // allocate, report, wait for stdin to close
     start();
@@ -331,6 +428,6 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "usage: cuda_worker info|init|path NAME BYTES [keep]|lookup MODE BYTES|"
                "stress THREADS ITERATIONS MAX_BYTES SEED|fill CHUNK|churn SEED|hold BYTES|"
-               "fork PARENT_BYTES CHILD_BYTES|exec BYTES\n");
+               "fork PARENT_BYTES CHILD_BYTES|exec BYTES|pool-cache BYTES|nvml BYTES\n");
   return 2;
 }

@@ -1,0 +1,125 @@
+// Sizes and limits as users write them, and the errors for what they get wrong.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "common/handle_table.h"
+#include "common/limits.h"
+#include "common/units.h"
+
+namespace tessera {
+namespace {
+
+TEST(ParseSize, AcceptsTheUnitsPeopleWrite) {
+  struct Case {
+    const char* text;
+    std::uint64_t bytes;
+  } cases[] = {
+      {"0", 0},
+      {"4096", 4096},
+      {"8GiB", 8ull << 30},
+      {"8gib", 8ull << 30},
+      {"8g", 8ull << 30},  // HAMi: k/m/g are base 1024
+      {"8G", 8ull << 30},
+      {"512MiB", 512ull << 20},
+      {"512m", 512ull << 20},
+      {"64k", 64ull << 10},
+      {"1.5GiB", 3ull << 29},
+      {"8GB", 8000000000ull},
+      {" 2 GiB ", 2ull << 30},
+      {"1TiB", 1ull << 40},
+  };
+  for (const Case& c : cases) {
+    std::uint64_t bytes = 1;
+    EXPECT_TRUE(parse_size(c.text, bytes)) << c.text;
+    EXPECT_EQ(bytes, c.bytes) << c.text;
+  }
+}
+
+TEST(ParseSize, RefusesWhatIsNotASize) {
+  for (const char* text : {"", "GiB", "-1", "8XB", "8 GiB x", "1.5", "0x10", "1.GiB",
+                           "99999999999999999999", "20000000000GiB"}) {
+    std::uint64_t bytes = 0;
+    EXPECT_FALSE(parse_size(text, bytes)) << text;
+  }
+}
+
+TEST(MemoryLimits, OneSizeAppliesToEveryDevice) {
+  DeviceLimits limits;
+  ErrorText error;
+  ASSERT_TRUE(parse_memory_limit_list("TESSERA_MEMORY_LIMIT", "8GiB", limits, error));
+  for (std::uint64_t bytes : limits.memory_bytes) EXPECT_EQ(bytes, 8ull << 30);
+}
+
+TEST(MemoryLimits, PerDeviceListSetsOnlyThoseDevices) {
+  DeviceLimits limits;
+  ErrorText error;
+  ASSERT_TRUE(parse_memory_limit_list("TESSERA_MEMORY_LIMIT", "0=8GiB,3=4GiB", limits, error));
+  EXPECT_EQ(limits.memory_bytes[0], 8ull << 30);
+  EXPECT_EQ(limits.memory_bytes[3], 4ull << 30);
+  EXPECT_EQ(limits.memory_bytes[1], kUnlimited);
+}
+
+TEST(MemoryLimits, ASecondSourceCanOnlyLower) {
+  DeviceLimits limits;
+  ErrorText error;
+  ASSERT_TRUE(parse_memory_limit_list("A", "0=4GiB", limits, error));
+  ASSERT_TRUE(parse_memory_limit_list("B", "0=8GiB,1=2GiB", limits, error));
+  EXPECT_EQ(limits.memory_bytes[0], 4ull << 30);
+  EXPECT_EQ(limits.memory_bytes[1], 2ull << 30);
+}
+
+TEST(MemoryLimits, ErrorsNameTheVariableAndTheValue) {
+  struct Case {
+    const char* value;
+    const char* expected;
+  } cases[] = {
+      {"8XB", "TESSERA_MEMORY_LIMIT='8XB': '8XB' is not a size"},
+      {"0=", "TESSERA_MEMORY_LIMIT='0=': '' is not a size"},
+      {"16=1G", "'16=1G' is not DEVICE=SIZE"},
+      {"a=1G", "'a=1G' is not DEVICE=SIZE"},
+      {"0=1G,", "'' is not DEVICE=SIZE"},
+      {"0", "a memory limit must be larger than 0"},
+  };
+  for (const Case& c : cases) {
+    DeviceLimits limits;
+    ErrorText error;
+    EXPECT_FALSE(parse_memory_limit_list("TESSERA_MEMORY_LIMIT", c.value, limits, error)) << c.value;
+    EXPECT_NE(std::string(error.text).find(c.expected), std::string::npos)
+        << c.value << " gave: " << error.text;
+  }
+}
+
+TEST(MemoryLimits, HamiVariablesAreRead) {
+  setenv("CUDA_DEVICE_MEMORY_LIMIT", "6g", 1);
+  setenv("CUDA_DEVICE_MEMORY_LIMIT_1", "2048m", 1);
+  DeviceLimits limits;
+  ErrorText error;
+  EXPECT_TRUE(memory_limits_from_environment(limits, error)) << error.text;
+  unsetenv("CUDA_DEVICE_MEMORY_LIMIT");
+  unsetenv("CUDA_DEVICE_MEMORY_LIMIT_1");
+  EXPECT_EQ(limits.memory_bytes[0], 6ull << 30);
+  EXPECT_EQ(limits.memory_bytes[1], 2ull << 30);
+}
+
+TEST(HandleTable, StoresTakesAndGrowsThroughTombstones) {
+  HandleTable<int> table;
+  for (int round = 0; round < 4; ++round) {
+    for (std::uint64_t key = 1; key <= 5000; ++key) {
+      ASSERT_TRUE(table.put(key * 4096, static_cast<int>(key)));
+    }
+    EXPECT_EQ(table.size(), 5000u);
+    for (std::uint64_t key = 1; key <= 5000; ++key) {
+      int value = 0;
+      ASSERT_TRUE(table.take(key * 4096, value));
+      EXPECT_EQ(value, static_cast<int>(key));
+    }
+    EXPECT_EQ(table.size(), 0u);
+    int ignored;
+    EXPECT_FALSE(table.take(4096, ignored));
+  }
+}
+
+}  // namespace
+}  // namespace tessera

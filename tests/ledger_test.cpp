@@ -1,0 +1,377 @@
+// The ledger under real processes: exact limits, kill -9 at any instant, PID reuse, fork,
+// and files that are corrupt, truncated, foreign or tampered with.
+#include "ledger/ledger.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "support.h"
+
+namespace tessera::ledger {
+namespace {
+
+using test::ScratchDirectory;
+
+GroupSpec spec_with_limit(std::uint64_t bytes) {
+  GroupSpec spec;
+  spec.name = "test";
+  spec.limits.memory_bytes[0] = bytes;
+  return spec;
+}
+
+// Creates a ledger at path with the given device-0 limit.
+void create(const std::string& path, std::uint64_t limit) {
+  Ledger ledger;
+  ErrorText error;
+  ASSERT_TRUE(ledger.create_or_open(path.c_str(), spec_with_limit(limit), error)) << error.text;
+}
+
+Ledger& joined(Ledger& ledger, const std::string& path) {
+  ErrorText error;
+  EXPECT_TRUE(ledger.open(path.c_str(), error)) << error.text;
+  EXPECT_TRUE(ledger.join(error)) << error.text;
+  return ledger;
+}
+
+// A child process that joins, reserves `bytes`, reports through a pipe, then waits to die.
+pid_t member_holding(const std::string& path, std::uint64_t bytes) {
+  int ready[2];
+  EXPECT_EQ(pipe(ready), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    Ledger ledger;
+    ErrorText error;
+    if (!ledger.open(path.c_str(), error) || !ledger.join(error) || !ledger.reserve(0, bytes)) {
+      _exit(1);
+    }
+    char byte = 1;
+    if (write(ready[1], &byte, 1) != 1) _exit(1);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char byte = 0;
+  EXPECT_EQ(read(ready[0], &byte, 1), 1);
+  close(ready[0]);
+  return pid;
+}
+
+void kill_and_reap(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+TEST(Ledger, GrantsExactlyUpToTheLimit) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  Ledger ledger;
+  joined(ledger, path);
+  EXPECT_TRUE(ledger.reserve(0, 600));
+  EXPECT_TRUE(ledger.reserve(0, 400));
+  EXPECT_FALSE(ledger.reserve(0, 1));
+  EXPECT_EQ(ledger.usage(0).used, 1000u);
+  EXPECT_EQ(ledger.usage(0).rejections, 1u);
+  ledger.release(0, 400);
+  EXPECT_TRUE(ledger.reserve(0, 400));
+  EXPECT_FALSE(ledger.reserve(0, UINT64_MAX));  // no overflow in the check
+  EXPECT_TRUE(ledger.reserve(1, 1ull << 50));   // device 1 has no limit
+}
+
+TEST(Ledger, ReleaseNeverUnderflows) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  Ledger ledger;
+  joined(ledger, path);
+  ASSERT_TRUE(ledger.reserve(0, 100));
+  ledger.release(0, 500);
+  EXPECT_EQ(ledger.usage(0).used, 0u);
+  EXPECT_EQ(ledger.member_used(0), 0u);
+}
+
+TEST(Ledger, ExistingGroupWithOtherLimitsIsRefused) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  Ledger ledger;
+  ErrorText error;
+  EXPECT_FALSE(ledger.create_or_open(path.c_str(), spec_with_limit(2000), error));
+  EXPECT_NE(std::string(error.text).find("limit of 1000 bytes on device 0; this run asks for 2000"),
+            std::string::npos)
+      << error.text;
+}
+
+struct Damage {
+  const char* name;
+  void (*apply)(const std::string& path);
+  const char* expected;
+};
+
+void patch(const std::string& path, std::size_t offset, const void* bytes, std::size_t size) {
+  const int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(pwrite(fd, bytes, size, static_cast<off_t>(offset)), static_cast<ssize_t>(size));
+  close(fd);
+}
+
+const Damage kDamages[] = {
+    {"bad magic", [](const std::string& p) { patch(p, 0, "NOTALEDG", 8); }, "not a Tessera ledger"},
+    {"other version",
+     [](const std::string& p) {
+       const std::uint32_t version = 99;
+       patch(p, offsetof(LedgerFile, version), &version, sizeof version);
+     },
+     "format version 99"},
+    {"changed limit",
+     [](const std::string& p) {
+       const std::uint64_t limit = 1ull << 40;
+       patch(p, offsetof(LedgerFile, memory_limit), &limit, sizeof limit);
+     },
+     "checksum mismatch"},
+    {"truncated", [](const std::string& p) { ASSERT_EQ(truncate(p.c_str(), 100), 0); },
+     "is 100 bytes, expected"},
+    {"grown", [](const std::string& p) { ASSERT_EQ(truncate(p.c_str(), 1 << 20), 0); },
+     "truncated, or not a Tessera file"},
+    {"foreign text",
+     [](const std::string& p) {
+       std::ofstream(p, std::ios::trunc) << "hello, I am a config file\n";
+     },
+     "is 26 bytes"},
+    {"bad member state",
+     [](const std::string& p) {
+       const std::uint32_t state = 7;
+       patch(p, offsetof(LedgerFile, accounts) + offsetof(SharedAccounts, members) + 3 * sizeof(MemberAccount),
+             &state, sizeof state);
+     },
+     "member slot 3 has an invalid state"},
+};
+
+TEST(Ledger, CorruptTruncatedAndForeignFilesAreRefusedWithAReason) {
+  for (const Damage& damage : kDamages) {
+    ScratchDirectory scratch;
+    const std::string path = scratch.file("g.ledger");
+    create(path, 1000);
+    damage.apply(path);
+    Ledger ledger;
+    ErrorText error;
+    EXPECT_FALSE(ledger.open(path.c_str(), error)) << damage.name;
+    EXPECT_NE(std::string(error.text).find(damage.expected), std::string::npos)
+        << damage.name << ": " << error.text;
+    EXPECT_NE(std::string(error.text).find(path), std::string::npos) << damage.name;
+  }
+}
+
+TEST(Ledger, WritingTheFileCannotRaiseALimit) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  Ledger member;
+  joined(member, path);
+  // A member forges a larger limit and even recomputes the checksum.
+  {
+    const int fd = open(path.c_str(), O_RDWR);
+    auto* file = static_cast<LedgerFile*>(
+        mmap(nullptr, sizeof(LedgerFile), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    file->memory_limit[0] = 1ull << 40;
+    file->checksum = header_checksum(*file);
+    munmap(file, sizeof(LedgerFile));
+    close(fd);
+  }
+  EXPECT_FALSE(member.reserve(0, 1001));  // members keep the limit they verified
+  // A newcomer is bound by the limit in its own environment, which the file cannot change.
+  Ledger newcomer;
+  joined(newcomer, path);
+  DeviceLimits from_environment;
+  from_environment.memory_bytes[0] = 1000;
+  newcomer.set_process_limits(from_environment);
+  EXPECT_FALSE(newcomer.reserve(0, 1001));
+  EXPECT_TRUE(newcomer.reserve(0, 1000));
+}
+
+TEST(Ledger, AKilledMembersBytesAreReclaimedBeforeAnyRefusal) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  const pid_t child = member_holding(path, 700);
+  Ledger ledger;
+  joined(ledger, path);
+  EXPECT_FALSE(ledger.reserve(0, 500));  // the child is alive and holds 700
+  kill_and_reap(child);
+  EXPECT_TRUE(ledger.reserve(0, 1000));  // reclaimed first, then granted in full
+  EXPECT_EQ(ledger.usage(0).used, 1000u);
+}
+
+TEST(Ledger, PidReuseCannotKeepADeadEntryAlive) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  const pid_t child = member_holding(path, 700);
+  kill_and_reap(child);
+  // The dead member's slot now names a PID that is alive: this test process.
+  {
+    const int fd = open(path.c_str(), O_RDWR);
+    auto* file = static_cast<LedgerFile*>(
+        mmap(nullptr, sizeof(LedgerFile), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    bool found = false;
+    for (MemberAccount& member : file->accounts.members) {
+      if (member.pid == child) {
+        member.pid = getpid();
+        found = true;
+      }
+    }
+    EXPECT_TRUE(found);
+    munmap(file, sizeof(LedgerFile));
+    close(fd);
+  }
+  Ledger ledger;
+  joined(ledger, path);
+  EXPECT_EQ(ledger.usage(0).used, 0u);
+  EXPECT_TRUE(ledger.reserve(0, 1000));
+}
+
+TEST(Ledger, KillMinusNineInsideTheLockNeverHangsAndNeverLeaks) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1ull << 30);
+  std::mt19937 random(42);
+  Ledger observer;
+  ErrorText error;
+  ASSERT_TRUE(observer.open(path.c_str(), error)) << error.text;
+  for (int round = 0; round < 150; ++round) {
+    int joined_pipe[2];
+    ASSERT_EQ(pipe(joined_pipe), 0);
+    const pid_t child = fork();
+    if (child == 0) {
+      Ledger ledger;
+      ErrorText child_error;
+      if (!ledger.open(path.c_str(), child_error) || !ledger.join(child_error)) _exit(1);
+      char byte = 1;
+      if (write(joined_pipe[1], &byte, 1) != 1) _exit(1);
+      auto churn = [&ledger](unsigned seed) {
+        std::mt19937 local(seed);
+        for (;;) {
+          const std::uint64_t bytes = 1 + local() % (64 << 20);
+          if (ledger.reserve(0, bytes)) ledger.release(0, bytes);
+        }
+      };
+      std::thread second(churn, 2);
+      churn(1);
+    }
+    close(joined_pipe[1]);
+    char byte = 0;
+    ASSERT_EQ(read(joined_pipe[0], &byte, 1), 1);
+    close(joined_pipe[0]);
+    std::this_thread::sleep_for(std::chrono::microseconds(random() % 2000));
+    kill_and_reap(child);
+    // Whatever the child was doing, the group is whole again and nobody is stuck.
+    ASSERT_EQ(observer.usage(0).used, 0u) << "round " << round;
+  }
+  EXPECT_GT(observer.file()->accounts.lock_recoveries.load(), 0u)
+      << "no kill landed inside the lock in 150 rounds";
+  EXPECT_GE(observer.file()->accounts.members_reclaimed.load(), 150u);
+}
+
+TEST(Ledger, EightProcessesOfEightThreadsNeverExceedTheLimitByOneByte) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  constexpr std::uint64_t kLimit = 100 * 1000 * 1000;
+  create(path, kLimit);
+  std::vector<pid_t> children;
+  for (int process = 0; process < 8; ++process) {
+    const pid_t child = fork();
+    if (child == 0) {
+      Ledger ledger;
+      ErrorText error;
+      if (!ledger.open(path.c_str(), error) || !ledger.join(error)) _exit(1);
+      std::atomic<bool> exceeded{false};
+      std::vector<std::thread> threads;
+      for (int thread = 0; thread < 8; ++thread) {
+        threads.emplace_back([&, thread] {
+          std::mt19937_64 random(static_cast<unsigned>(process * 100 + thread));
+          std::vector<std::uint64_t> held;
+          for (int i = 0; i < 4000; ++i) {
+            if (!held.empty() && random() % 2 == 0) {
+              ledger.release(0, held.back());
+              held.pop_back();
+            } else {
+              const std::uint64_t bytes = 1 + random() % (10 * 1000 * 1000);
+              if (ledger.reserve(0, bytes)) held.push_back(bytes);
+            }
+            if (ledger.file()->accounts.used[0].load() > kLimit) exceeded = true;
+          }
+          for (std::uint64_t bytes : held) ledger.release(0, bytes);
+        });
+      }
+      for (auto& thread : threads) thread.join();
+      _exit(exceeded ? 2 : 0);
+    }
+    children.push_back(child);
+  }
+  for (pid_t child : children) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  }
+  Ledger observer;
+  ErrorText error;
+  ASSERT_TRUE(observer.open(path.c_str(), error));
+  const DeviceUsage usage = observer.usage(0);
+  EXPECT_LE(usage.peak, kLimit);
+  EXPECT_GT(usage.peak, kLimit * 9 / 10);  // the limit was really contended
+  EXPECT_GT(usage.rejections, 0u);
+  EXPECT_EQ(usage.used, 0u);
+}
+
+TEST(Ledger, AForkedChildIsAMemberOfItsOwnAndOutlivesItsParent) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t parent = fork();
+  if (parent == 0) {
+    Ledger ledger;
+    ErrorText error;
+    if (!ledger.open(path.c_str(), error) || !ledger.join(error) || !ledger.reserve(0, 300)) _exit(1);
+    if (fork() == 0) {  // the grandchild keeps running after its parent is killed
+      ledger.after_fork_in_child();
+      if (!ledger.join(error) || !ledger.reserve(0, 200)) _exit(1);
+      char byte = 1;
+      if (write(ready[1], &byte, 1) != 1) _exit(1);
+      for (;;) pause();
+    }
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  Ledger observer;
+  ErrorText error;
+  ASSERT_TRUE(observer.open(path.c_str(), error));
+  EXPECT_EQ(observer.usage(0).used, 500u);
+  EXPECT_EQ(observer.live_members(), 2);
+  kill_and_reap(parent);
+  EXPECT_EQ(observer.usage(0).used, 200u);  // the parent's bytes, not the child's
+  EXPECT_EQ(observer.live_members(), 1);
+  // The grandchild is still alive (reparented); end it through the group.
+  for (const MemberAccount& member : observer.file()->accounts.members) {
+    if (member.state.load() == 1) kill(member.pid, SIGKILL);
+  }
+  close(ready[0]);
+}
+
+}  // namespace
+}  // namespace tessera::ledger

@@ -1,0 +1,74 @@
+// Helpers for tests that run real processes: the worker under the hook on the simulated GPU,
+// and the tessera command.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tessera::test {
+
+using Environment = std::map<std::string, std::string>;
+
+struct Finished {
+  int exit_code = -1;  // 128 + signal if killed by one
+  std::string out;
+  std::string err;
+  // The value of a "key=value" line of out; fails the test if absent.
+  std::string value(const std::string& key) const;
+  std::uint64_t number(const std::string& key) const;
+};
+
+// Runs argv to completion with the current environment plus `extra`.
+Finished run(const std::vector<std::string>& argv, const Environment& extra = {});
+
+// A process left running; its stdout is read line by line, stdin closed to end it.
+class Running {
+ public:
+  Running(const std::vector<std::string>& argv, const Environment& extra);
+  ~Running();
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+  std::string read_line();  // blocks until a line (or EOF: "")
+  void close_stdin();
+  void kill_hard();          // SIGKILL
+  int wait();                // exit code, 128 + signal if killed
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_fd_ = -1;
+  int stdout_fd_ = -1;
+  std::string buffered_;
+  bool waited_ = false;
+};
+
+// A private scratch directory, removed at destruction.
+class ScratchDirectory {
+ public:
+  ScratchDirectory();
+  ~ScratchDirectory();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Paths in the build tree.
+std::string build_path(const std::string& relative);
+std::string worker();   // tests/cuda_worker
+std::string tessera();  // bin/tessera
+
+// Environment that runs the worker on a private simulated GPU with the hook preloaded.
+Environment hooked(const ScratchDirectory& scratch, const Environment& extra = {});
+// Same, without the hook.
+Environment unhooked(const ScratchDirectory& scratch, const Environment& extra = {});
+
+inline constexpr std::uint64_t kMiB = 1ull << 20;
+inline constexpr std::uint64_t kGiB = 1ull << 30;
+
+}  // namespace tessera::test
