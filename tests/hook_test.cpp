@@ -28,21 +28,39 @@ Environment limited(const ScratchDirectory& scratch, const Environment& extra = 
   return environment;
 }
 
-// The simulated device's own record of the most memory ever in use on device 0.
-std::uint64_t simulated_peak(const ScratchDirectory& scratch) {
-  setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
+// The simulated device's own record of device 0 (as the workers in `environment` see it):
+// the most memory ever in use, and what is in use now.
+AccountsUsage simulated_device(const Environment& environment) {
+  // Attach with the workers' settings, and leave this process's environment as it was.
+  const char* variables[] = {"TESSERA_SIM_STATE", "TESSERA_SIM_DEVICES"};
+  std::string saved[2];
+  bool was_set[2];
+  for (int i = 0; i < 2; ++i) {
+    const char* current = std::getenv(variables[i]);
+    was_set[i] = current != nullptr;
+    if (was_set[i]) saved[i] = current;
+    const auto found = environment.find(variables[i]);
+    if (found != environment.end()) {
+      setenv(variables[i], found->second.c_str(), 1);
+    } else {
+      unsetenv(variables[i]);
+    }
+  }
   ErrorText error;
   sim::Machine machine;
-  EXPECT_TRUE(machine.attach(error)) << error.text;
-  return machine.peak(0);
-}
-
-std::uint64_t simulated_used(const ScratchDirectory& scratch) {
-  setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
-  ErrorText error;
-  sim::Machine machine;
-  EXPECT_TRUE(machine.attach(error)) << error.text;
-  return machine.used(0);
+  const bool attached = machine.attach(error);
+  for (int i = 0; i < 2; ++i) {
+    if (was_set[i]) {
+      setenv(variables[i], saved[i].c_str(), 1);
+    } else {
+      unsetenv(variables[i]);
+    }
+  }
+  if (!attached) {
+    ADD_FAILURE() << error.text;
+    return {};
+  }
+  return {machine.used(0), machine.peak(0), 0};
 }
 
 std::string make_group(const ScratchDirectory& scratch, std::uint64_t limit) {
@@ -138,6 +156,24 @@ TEST(Hook, ContextsAreCharged) {
   ASSERT_EQ(done.value("result"), "0") << done.out << done.err;
   // The primary context and the created one, 64 MiB each.
   EXPECT_EQ(done.number("after_free"), kLimit - 128 * kMiB);
+}
+
+TEST(Hook, AContextThatDoesNotFitIsRefusedAndTheGroupNeverHoldsIt) {
+  ScratchDirectory scratch;
+  const Environment environment =
+      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)},
+                        {"TESSERA_SIM_DEVICES", "H100,context=64MiB"}});
+  // The first member teaches the group what a context costs, then holds almost everything.
+  Running holder({worker(), "hold", std::to_string(kLimit - 64 * kMiB - 32 * kMiB)}, environment);
+  ASSERT_EQ(holder.read_line(), "result=0");
+  const Finished refused = run({worker(), "init-context"}, environment);
+  EXPECT_EQ(refused.value("context_result"), "2");  // CUDA_ERROR_OUT_OF_MEMORY, cleanly
+  holder.close_stdin();
+  holder.wait();
+  // The device never held more than the group's quota, contexts included.
+  EXPECT_LE(simulated_device(environment).peak, kLimit);
+  const Finished granted = run({worker(), "init-context"}, environment);
+  EXPECT_EQ(granted.value("context_result"), "0");
 }
 
 class LookupPath : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
@@ -275,7 +311,9 @@ TEST(Hook, MemoryOfAnExecedImageIsReclaimed) {
 
 TEST(Hook, EightProcessesOfEightThreadsNeverExceedTheQuotaByOneByte) {
   ScratchDirectory scratch;
-  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+  // Contexts cost memory too, and are created while the other processes allocate.
+  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)},
+                                                    {"TESSERA_SIM_DEVICES", "H100,context=16MiB"}});
   std::vector<std::unique_ptr<Running>> processes;
   for (int i = 0; i < 8; ++i) {
     processes.push_back(std::make_unique<Running>(
@@ -283,6 +321,8 @@ TEST(Hook, EightProcessesOfEightThreadsNeverExceedTheQuotaByOneByte) {
                                  std::to_string(i)},
         environment));
   }
+  for (auto& process : processes) ASSERT_EQ(process->read_line(), "ready");
+  for (auto& process : processes) process->write_line("go");
   long refused = 0;
   for (auto& process : processes) {
     std::string line;
@@ -293,8 +333,9 @@ TEST(Hook, EightProcessesOfEightThreadsNeverExceedTheQuotaByOneByte) {
   }
   // The simulated device's own record, not the hook's belief: at no instant did the
   // group hold more than its quota.
-  EXPECT_LE(simulated_peak(scratch), kLimit);
-  EXPECT_GT(simulated_peak(scratch), kLimit * 3 / 4);
+  const AccountsUsage device = simulated_device(environment);
+  EXPECT_LE(device.peak, kLimit);
+  EXPECT_GT(device.peak, kLimit * 3 / 4);
   EXPECT_GT(refused, 0);
   ledger::Ledger group;
   ErrorText error;
@@ -330,7 +371,7 @@ TEST(Hook, KillMinusNineAtRandomInstantsLeaksNothing) {
   const Finished after = run({worker(), "fill", std::to_string(64 * kMiB)}, environment);
   EXPECT_EQ(after.number("free"), kLimit);
   EXPECT_EQ(after.number("allocated"), 16 * 64 * kMiB);
-  EXPECT_EQ(simulated_used(scratch), 0u);
+  EXPECT_EQ(simulated_device(environment).used, 0u);
 }
 
 class MalformedLimit : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};

@@ -152,6 +152,11 @@ std::string Running::read_line() {
   }
 }
 
+void Running::write_line(const std::string& line) {
+  const std::string text = line + "\n";
+  ASSERT_EQ(write(stdin_fd_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+}
+
 void Running::close_stdin() {
   if (stdin_fd_ >= 0) close(stdin_fd_);
   stdin_fd_ = -1;

@@ -33,6 +33,7 @@ class Running {
   Running(const Running&) = delete;
   Running& operator=(const Running&) = delete;
   std::string read_line();  // blocks until a line (or EOF: "")
+  void write_line(const std::string& line);
   void close_stdin();
   void kill_hard();          // SIGKILL
   int wait();                // exit code, 128 + signal if killed

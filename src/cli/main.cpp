@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <stdexcept>
+#include <string>
 
 #include "cli/commands.h"
 
@@ -35,6 +36,18 @@ int main(int argc, char** argv) {
   top_app->add_option("--interval", top.interval_seconds, "Seconds between refreshes")
       ->check(CLI::PositiveNumber);
 
+  // CLI11 would only say "a subcommand is required"; name the word it did not know.
+  const auto known = [&app](const std::string& name) {
+    for (const CLI::App* command : app.get_subcommands({})) {
+      if (command->get_name() == name) return true;
+    }
+    return false;
+  };
+  if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
+    fmt::print(stderr, "tessera: unknown command '{}' (commands: run, devices, top; see --help)\n",
+               argv[1]);
+    return 2;
+  }
   CLI11_PARSE(app, argc, argv);
   try {
     if (run_app->parsed()) return run_command(run);

@@ -87,6 +87,21 @@ bool MemberAccounts::join(ErrorText& error) {
   return error.set("all %d member slots are held by live processes", kMaxMembers);
 }
 
+void MemberAccounts::leave() {
+  if (my_slot_ < 0) return;
+  MemberAccount& member = accounts_->members[my_slot_];
+  lock();
+  for (int device = 0; device < kMaxDevices; ++device) {
+    const std::uint64_t held = member.used[device].exchange(0, std::memory_order_relaxed);
+    accounts_->used[device].fetch_sub(held, std::memory_order_relaxed);
+  }
+  member.pid = 0;
+  member.state.store(kMemberFree, std::memory_order_release);
+  drop_liveness_lock(fd_, my_slot_);
+  unlock();
+  my_slot_ = -1;
+}
+
 bool MemberAccounts::reserve(int device, std::uint64_t bytes, std::uint64_t limit) {
   MemberAccount& member = accounts_->members[my_slot_];
   lock();

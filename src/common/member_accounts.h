@@ -62,6 +62,8 @@ class MemberAccounts {
 
   bool join(ErrorText& error);  // idempotent
   bool joined() const { return my_slot_ >= 0; }
+  // Gives back everything this member holds and frees its slot (a clean exit).
+  void leave();
 
   // Charges bytes to this member if the total stays within limit (kUnlimited: always).
   bool reserve(int device, std::uint64_t bytes, std::uint64_t limit);

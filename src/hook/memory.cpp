@@ -3,9 +3,14 @@
 // charged. Where the driver decides the real size (pitch, arrays, pool growth), an estimate
 // is charged first and reconciled with what the driver reports afterwards; if the real size
 // does not fit, the allocation is undone and the caller gets CUDA_ERROR_OUT_OF_MEMORY.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/log.h"
+#include "common/units.h"
 #include "hook/hook.h"
 
 using namespace tessera::abi;
@@ -321,10 +326,11 @@ void settle_vmm_locked(CUmemGenericAllocationHandle handle, VmmCharge& record) {
 }
 
 // --- contexts ----------------------------------------------------------------------------
-// A context takes device memory the driver does not itemise: measure it through NVML as the
-// change in the device's used memory across creation. Concurrent allocations by other
-// processes during that window are counted too (docs/configuration.md).
-
+// A context takes device memory the driver does not itemise. Before creating one, the group
+// is charged what a context last cost on that device (learned in the ledger) or
+// TESSERA_CONTEXT_MEMORY; after, the charge is settled on the measured change in this
+// process's own usage in NVML's process list, which other processes cannot disturb. Where
+// the process is not in that list (a PID namespace hides it), the estimate stands.
 bool nvml_device_for(CUdevice device, nvmlDevice_t& nvml_device) {
   Hook& state = hook();
   if (!state.nvml_loaded || state.nvml.nvmlDeviceGetHandleByUUID == nullptr) return false;
@@ -340,28 +346,63 @@ bool nvml_device_for(CUdevice device, nvmlDevice_t& nvml_device) {
   return state.nvml.nvmlDeviceGetHandleByUUID(text, &nvml_device) == NVML_SUCCESS;
 }
 
-std::uint64_t device_used(nvmlDevice_t nvml_device) {
-  nvmlMemory_t memory{};
-  if (hook().nvml.nvmlDeviceGetMemoryInfo(nvml_device, &memory) != NVML_SUCCESS) return 0;
-  return memory.used;
+// This process's device memory as NVML lists it; false if it is not listed.
+bool own_usage(nvmlDevice_t nvml_device, std::uint64_t& used) {
+  Hook& state = hook();
+  if (state.nvml.nvmlDeviceGetComputeRunningProcesses_v3 == nullptr) return false;
+  nvmlProcessInfo_t infos[256];
+  unsigned count = 256;
+  if (state.nvml.nvmlDeviceGetComputeRunningProcesses_v3(nvml_device, &count, infos) !=
+      NVML_SUCCESS) {
+    return false;
+  }
+  const auto self = static_cast<unsigned>(getpid());
+  for (unsigned i = 0; i < count && i < 256; ++i) {
+    if (infos[i].pid == self) {
+      used = infos[i].usedGpuMemory;
+      return true;
+    }
+  }
+  return false;
 }
 
-// Creates a context through `create`, charging the memory it took. On a charge that does
-// not fit, destroys it through `destroy` and reports CUDA_ERROR_OUT_OF_MEMORY.
+std::uint64_t configured_context_memory() {
+  std::uint64_t bytes = 0;
+  const char* value = std::getenv("TESSERA_CONTEXT_MEMORY");
+  if (value != nullptr && !parse_size(value, bytes)) {
+    log(LogLevel::warn, "hook", "TESSERA_CONTEXT_MEMORY='%s' is not a size; charging nothing", value);
+    bytes = 0;
+  }
+  return bytes;
+}
+
+// Creates a context through `create`, charging the memory it took. If that does not fit,
+// destroys it through `destroy` and reports CUDA_ERROR_OUT_OF_MEMORY.
 template <typename Create, typename Destroy>
 CUresult create_context(CUdevice device, std::uint64_t& charged, Create create, Destroy destroy) {
   charged = 0;
+  Hook& state = hook();
+  if (!state.accounting || device < 0 || device >= kMaxDevices) return create();
+  const std::uint64_t learned = state.ledger.context_estimate(device);
+  const std::uint64_t configured = configured_context_memory();
+  const std::uint64_t estimate = learned > configured ? learned : configured;
   nvmlDevice_t nvml_device = nullptr;
-  const bool measurable = hook().accounting && nvml_device_for(device, nvml_device);
-  const std::uint64_t before = measurable ? device_used(nvml_device) : 0;
-  const CUresult result = create();
-  if (result != CUDA_SUCCESS || !measurable) return result;
-  const std::uint64_t after = device_used(nvml_device);
-  charged = after > before ? after - before : 0;
-  if (!charge(device, charged)) {
-    destroy();
-    charged = 0;
-    return CUDA_ERROR_OUT_OF_MEMORY;
+  const bool measurable = nvml_device_for(device, nvml_device);
+  std::uint64_t before = 0;
+  if (measurable && !own_usage(nvml_device, before)) before = 0;  // not listed: nothing yet
+  const CUresult result = charged_call(device, estimate, create);
+  if (result != CUDA_SUCCESS) return result;
+  std::uint64_t after = 0;
+  charged = estimate;
+  if (measurable && own_usage(nvml_device, after)) {
+    const std::uint64_t measured = after > before ? after - before : 0;
+    state.ledger.learn_context_size(device, measured);
+    if (!settle_charge(device, estimate, measured)) {
+      destroy();
+      charged = 0;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    charged = measured;
   }
   return result;
 }

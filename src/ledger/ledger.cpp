@@ -11,7 +11,7 @@ constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'L', 'D', 'G', 'R'};
 void initialize_file(void* base, const void* context) {
   const auto& spec = *static_cast<const GroupSpec*>(context);
   auto* file = static_cast<LedgerFile*>(base);
-  std::memset(static_cast<void*>(file), 0, offsetof(LedgerFile, accounts));
+  std::memset(static_cast<void*>(file), 0, offsetof(LedgerFile, accounts));  // zeroes estimates too
   std::memcpy(file->magic, kMagic, sizeof kMagic);
   file->version = kFormatVersion;
   file->file_bytes = sizeof(LedgerFile);

@@ -8,6 +8,7 @@
 // own environment, so writing the file cannot raise anyone's limit.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "common/error_text.h"
@@ -30,6 +31,9 @@ struct LedgerFile {
   std::uint64_t memory_limit[kMaxDevices];  // kUnlimited where none
   std::uint64_t checksum;
 
+  // What a context was last measured to cost on each device: members charge this before
+  // creating one, so the group is not over its limit while a context comes up.
+  std::atomic<std::uint64_t> context_bytes[kMaxDevices];
   SharedAccounts accounts;
 };
 
@@ -76,6 +80,12 @@ class Ledger {
   DeviceUsage usage(int device);
   std::uint64_t member_used(int device) const { return accounts_.member_used(device); }
   int live_members() { return accounts_.live_members(); }
+  std::uint64_t context_estimate(int device) const {
+    return file_->context_bytes[device].load(std::memory_order_relaxed);
+  }
+  void learn_context_size(int device, std::uint64_t bytes) {
+    file_->context_bytes[device].store(bytes, std::memory_order_relaxed);
+  }
 
   // In a forked child: forget the parent's slot and take an own file description, so the
   // parent's liveness does not depend on the child. Async-signal-safe.

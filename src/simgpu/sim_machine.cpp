@@ -79,6 +79,11 @@ bool Machine::charge(int device, std::uint64_t bytes) {
   return accounts_.reserve(device, bytes, file_->spec.devices[device].memory_bytes);
 }
 
+// Runs when the process exits (or the library is unloaded).
+[[gnu::destructor]] void release_at_exit() {
+  if (machine().attached()) machine().release_process();
+}
+
 Machine& machine() {
   static Machine instance;  // constant-initialised: no guard, no destructor ordering issue
   return instance;

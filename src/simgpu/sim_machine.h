@@ -27,6 +27,7 @@ class Machine {
  public:
   // Reads the configuration and maps the shared state; idempotent. Async-safe to retry.
   bool attach(ErrorText& error);
+  bool attached() const { return file_ != nullptr; }
   const MachineSpec& spec() const { return file_->spec; }
 
   // Takes bytes of device memory; false when the device is full.
@@ -39,6 +40,8 @@ class Machine {
   }
 
   void after_fork_in_child();
+  // The process is exiting: like the driver, free all it held on every device now.
+  void release_process() { accounts_.leave(); }
 
  private:
   SharedMapping mapping_;

@@ -228,6 +228,9 @@ int lookup(const std::string& mode, std::size_t bytes) {
 // Threads allocating and freeing random sizes; prints how many allocations were refused.
 int stress(int threads, int iterations, std::size_t max_bytes, unsigned seed) {
   CUcontext context = start();
+  std::printf("ready\n");  // then wait for the word to start, so all contend at once
+  char go[8];
+  if (read(STDIN_FILENO, go, sizeof go) <= 0) return 5;
   std::atomic<long> refused{0}, granted{0};
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
@@ -362,6 +365,12 @@ int main(int argc, char** argv) {
     std::size_t total = 0;
     check(cuDeviceTotalMem_v2(&total, 0), "cuDeviceTotalMem");
     std::printf("device_total=%zu\n", total);
+    return 0;
+  }
+  if (command == "init-context") {  // initialise and retain the primary context
+    CUcontext context = nullptr;
+    check(cuInit(0), "cuInit");
+    std::printf("context_result=%d\n", cuDevicePrimaryCtxRetain(&context, 0));
     return 0;
   }
   if (command == "init") {  // the first CUDA call and nothing else

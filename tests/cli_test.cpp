@@ -1,0 +1,139 @@
+// The tessera command as a user meets it.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "support.h"
+
+namespace tessera::test {
+namespace {
+
+Environment cli_environment(const ScratchDirectory& scratch) {
+  return {{"TESSERA_RUNTIME_DIR", scratch.path()}, {"TESSERA_SIM_STATE", scratch.file("simgpu")},
+          {"TESSERA_SIM_DEVICES", "H100;A100"}};
+}
+
+TEST(Cli, DevicesSaysTheGpusAreSimulated) {
+  ScratchDirectory scratch;
+  const Finished done = run({tessera(), "devices"}, cli_environment(scratch));
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("2 GPU(s), simulated"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("NVIDIA H100 80GB HBM3"), std::string::npos);
+  EXPECT_NE(done.out.find("NVIDIA A100-SXM4-40GB"), std::string::npos);
+  const Finished json = run({tessera(), "devices", "--json"}, cli_environment(scratch));
+  const auto list = nlohmann::json::parse(json.out);
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[1]["memory_total"].get<std::uint64_t>(), 40536 * kMiB);
+  EXPECT_TRUE(list[0]["simulated"].get<bool>());
+}
+
+TEST(Cli, RunLimitsTheCommandAndPassesItsExitCode) {
+  ScratchDirectory scratch;
+  const Finished done = run({tessera(), "run", "--memory", "2GiB", "--", worker(), "fill",
+                             std::to_string(256 * kMiB)},
+                            cli_environment(scratch));
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_EQ(done.number("total"), 2 * kGiB);
+  EXPECT_EQ(done.number("allocated"), 8 * 256 * kMiB);
+  EXPECT_EQ(done.value("error"), "2");
+  EXPECT_NE(done.err.find("using the simulated GPU"), std::string::npos);
+  // The group's ledger went with the command.
+  for (const auto& entry : std::filesystem::directory_iterator(scratch.path())) {
+    EXPECT_NE(entry.path().extension(), ".ledger") << entry.path();
+  }
+  const Finished failing = run({tessera(), "run", "--memory", "1GiB", "--", "/bin/sh", "-c", "exit 7"},
+                               cli_environment(scratch));
+  EXPECT_EQ(failing.exit_code, 7);
+}
+
+TEST(Cli, DeviceGivesTheGroupOneGpu) {
+  ScratchDirectory scratch;
+  const Finished done = run({tessera(), "run", "--device", "1", "--memory", "3GiB", "--", worker(), "info"},
+                            cli_environment(scratch));
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_EQ(done.number("total"), 3 * kGiB);
+  EXPECT_EQ(done.number("device_total"), 3 * kGiB);
+}
+
+TEST(Cli, NamedGroupsShareOneLimitAndTopShowsThem) {
+  ScratchDirectory scratch;
+  const Environment environment = cli_environment(scratch);
+  Running holder({tessera(), "run", "--memory", "1GiB", "--group", "shared", "--keep", "--", worker(),
+                  "hold", std::to_string(600 * kMiB)},
+                 environment);
+  ASSERT_EQ(holder.read_line(), "result=0");
+  const Finished second = run({tessera(), "run", "--memory", "1GiB", "--group", "shared", "--keep",
+                               "--", worker(), "fill", std::to_string(100 * kMiB)},
+                              environment);
+  EXPECT_EQ(second.number("allocated"), 4 * 100 * kMiB);
+  const Finished top = run({tessera(), "top", "--json"}, environment);
+  ASSERT_EQ(top.exit_code, 0) << top.err;
+  const auto rows = nlohmann::json::parse(top.out);
+  ASSERT_EQ(rows.size(), 1u) << top.out;
+  EXPECT_EQ(rows[0]["group"], "shared");
+  EXPECT_EQ(rows[0]["limit"].get<std::uint64_t>(), kGiB);
+  EXPECT_EQ(rows[0]["used"].get<std::uint64_t>(), 600 * kMiB);
+  EXPECT_EQ(rows[0]["peak"].get<std::uint64_t>(), 1000 * kMiB);  // 600 + 4 x 100
+  EXPECT_EQ(rows[0]["refused"].get<std::uint64_t>(), 1u);
+  EXPECT_EQ(rows[0]["members"].get<int>(), 1);
+  holder.close_stdin();
+  EXPECT_EQ(holder.wait(), 0);
+  const Finished table = run({tessera(), "top", "--once"}, environment);
+  EXPECT_NE(table.out.find("shared"), std::string::npos) << table.out;
+}
+
+TEST(Cli, TopReportsAnUnreadableLedgerAndCarriesOn) {
+  ScratchDirectory scratch;
+  std::ofstream(scratch.file("broken.ledger")) << "garbage";
+  const Finished top = run({tessera(), "top", "--once"}, cli_environment(scratch));
+  EXPECT_EQ(top.exit_code, 0);
+  EXPECT_NE(top.out.find("broken"), std::string::npos);
+  EXPECT_NE(top.out.find("unreadable"), std::string::npos) << top.out;
+}
+
+TEST(Cli, BadInputIsRefusedWithTheReason) {
+  ScratchDirectory scratch;
+  struct Case {
+    std::vector<std::string> arguments;
+    const char* expected;
+  } cases[] = {
+      {{"run", "--memory", "8XB", "--", "true"}, "--memory '8XB' is not a size"},
+      {{"run", "--memory", "1GiB", "--group", "a b", "--", "true"}, "--group 'a b' must be"},
+      {{"run", "--memory", "1GiB", "--device", "99", "--", "true"}, "--device 99 is out of range"},
+      {{"run", "--memory", "1GiB", "--", "/no/such/program"}, "cannot run '/no/such/program'"},
+      {{"run", "--", "true"}, "--memory is required"},
+      {{"frobnicate"}, "frobnicate"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv{tessera()};
+    argv.insert(argv.end(), c.arguments.begin(), c.arguments.end());
+    const Finished done = run(argv, cli_environment(scratch));
+    EXPECT_NE(done.exit_code, 0) << c.expected;
+    EXPECT_NE(done.err.find(c.expected), std::string::npos) << c.expected << " vs: " << done.err;
+  }
+}
+
+TEST(Cli, AGroupCannotBeJoinedWithADifferentLimit) {
+  ScratchDirectory scratch;
+  const Environment environment = cli_environment(scratch);
+  ASSERT_EQ(run({tessera(), "run", "--memory", "1GiB", "--group", "g", "--keep", "--", "true"},
+                environment).exit_code, 0);
+  const Finished done =
+      run({tessera(), "run", "--memory", "2GiB", "--group", "g", "--", "true"}, environment);
+  EXPECT_EQ(done.exit_code, 1);
+  EXPECT_NE(done.err.find("group exists with a memory limit of 1073741824 bytes"), std::string::npos)
+      << done.err;
+}
+
+TEST(Cli, HelpIsEverywhere) {
+  for (const char* command : {"run", "devices", "top"}) {
+    const Finished done = run({tessera(), command, "--help"});
+    EXPECT_EQ(done.exit_code, 0) << command;
+    EXPECT_NE(done.out.find("--"), std::string::npos) << command;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::test

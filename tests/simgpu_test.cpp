@@ -1,0 +1,172 @@
+// The simulated GPU behaves as the driver does on the paths Tessera depends on: if it did
+// not, passing the hook tests on it would mean nothing.
+#include <dlfcn.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "cuda_abi/cuda_abi.h"
+#include "support.h"
+
+namespace tessera::test {
+namespace {
+
+using namespace tessera::abi;
+
+// The simulated driver loaded into this test process, on a private machine of two devices.
+class SimulatedDriver : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    scratch_ = new ScratchDirectory;
+    setenv("TESSERA_SIM_STATE", scratch_->file("simgpu").c_str(), 1);
+    setenv("TESSERA_SIM_DEVICES", "H100;A100", 1);
+    library_ = dlopen(build_path("sim/libcuda.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(library_, nullptr) << dlerror();
+  }
+  static void TearDownTestSuite() { delete scratch_; }
+
+  template <typename Function>
+  static Function get(const char* name) {
+    auto* function = reinterpret_cast<Function>(dlsym(library_, name));
+    EXPECT_NE(function, nullptr) << name;
+    return function;
+  }
+
+  static void* library_;
+  static ScratchDirectory* scratch_;
+};
+void* SimulatedDriver::library_ = nullptr;
+ScratchDirectory* SimulatedDriver::scratch_ = nullptr;
+
+TEST_F(SimulatedDriver, ProcAddressFollowsVersionsFlagsAndStatuses) {
+  auto init = get<PFN_cuInit>("cuInit");
+  auto proc = get<PFN_cuGetProcAddress_v2>("cuGetProcAddress_v2");
+  ASSERT_EQ(init(0), CUDA_SUCCESS);
+  void* found = nullptr;
+  CUdriverProcAddressQueryResult status = -1;
+
+  ASSERT_EQ(proc("cuMemAlloc", &found, 12000, 0, &status), CUDA_SUCCESS);
+  EXPECT_EQ(found, dlsym(library_, "cuMemAlloc_v2"));
+  EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SUCCESS);
+
+  ASSERT_EQ(proc("cuCtxCreate", &found, 11040, 0, &status), CUDA_SUCCESS);
+  EXPECT_EQ(found, dlsym(library_, "cuCtxCreate_v3"));  // the variant of the asked version
+  ASSERT_EQ(proc("cuCtxCreate", &found, 12080, 0, &status), CUDA_SUCCESS);
+  EXPECT_EQ(found, dlsym(library_, "cuCtxCreate_v4"));
+
+  ASSERT_EQ(proc("cuLaunchKernel", &found, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                 &status), CUDA_SUCCESS);
+  EXPECT_EQ(found, dlsym(library_, "cuLaunchKernel_ptsz"));
+  ASSERT_EQ(proc("cuLaunchKernel", &found, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status),
+            CUDA_SUCCESS);
+  EXPECT_EQ(found, dlsym(library_, "cuLaunchKernel"));
+
+  ASSERT_EQ(proc("cuNoSuchThing", &found, 12000, 0, &status), CUDA_SUCCESS);
+  EXPECT_EQ(found, nullptr);
+  EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  ASSERT_EQ(proc("cuMemAllocAsync", &found, 11000, 0, &status), CUDA_SUCCESS);
+  EXPECT_EQ(found, nullptr);
+  EXPECT_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  EXPECT_EQ(proc("cuMemAlloc", &found, 99000, 0, &status), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(SimulatedDriver, CallsNeedInitialisationAndAContext) {
+  auto alloc = get<PFN_cuMemAlloc_v2>("cuMemAlloc_v2");
+  auto init = get<PFN_cuInit>("cuInit");
+  ASSERT_EQ(init(0), CUDA_SUCCESS);
+  CUdeviceptr pointer = 0;
+  EXPECT_EQ(alloc(&pointer, 1024), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(init(1), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(SimulatedDriver, VmmEnforcesGranularityAndLocations) {
+  auto init = get<PFN_cuInit>("cuInit");
+  auto create = get<PFN_cuMemCreate>("cuMemCreate");
+  auto release = get<PFN_cuMemRelease>("cuMemRelease");
+  ASSERT_EQ(init(0), CUDA_SUCCESS);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  CUmemGenericAllocationHandle handle = 0;
+  EXPECT_EQ(create(&handle, 3 << 20, &prop, 0), CUDA_ERROR_INVALID_VALUE);  // not 2 MiB-aligned
+  ASSERT_EQ(create(&handle, 4 << 20, &prop, 0), CUDA_SUCCESS);
+  EXPECT_EQ(release(handle), CUDA_SUCCESS);
+  EXPECT_EQ(release(handle), CUDA_ERROR_INVALID_VALUE);  // already gone
+  prop.location.id = 7;
+  EXPECT_EQ(create(&handle, 4 << 20, &prop, 0), CUDA_ERROR_INVALID_DEVICE);
+}
+
+Environment simulated(const ScratchDirectory& scratch, const Environment& extra = {}) {
+  Environment environment = unhooked(scratch, extra);
+  environment.emplace("TESSERA_SIM_DEVICES", "H100;A100");
+  return environment;
+}
+
+TEST(SimulatedMachine, CapacityHoldsAcrossProcessesAndDiesWithThem) {
+  ScratchDirectory scratch;
+  Running holder({worker(), "hold", std::to_string(50 * kGiB)}, simulated(scratch));
+  ASSERT_EQ(holder.read_line(), "result=0");
+  const Finished refused = run({worker(), "path", "alloc", std::to_string(40 * kGiB)}, simulated(scratch));
+  EXPECT_EQ(refused.value("result"), "2");
+  holder.kill_hard();
+  holder.wait();
+  const Finished granted = run({worker(), "path", "alloc", std::to_string(40 * kGiB)}, simulated(scratch));
+  EXPECT_EQ(granted.value("result"), "0");
+}
+
+TEST(SimulatedMachine, VisibleDevicesSelectAndEndAtTheFirstBadEntry) {
+  ScratchDirectory scratch;
+  struct Case {
+    const char* visible;
+    std::uint64_t total;
+  } cases[] = {
+      {"1", 40536 * kMiB},
+      {"GPU-7e55e7a0-0000-4000-8000-000000000001", 40536 * kMiB},
+      {"0,1", 81559 * kMiB},
+  };
+  for (const Case& c : cases) {
+    const Finished done = run({worker(), "info"}, simulated(scratch, {{"CUDA_VISIBLE_DEVICES", c.visible}}));
+    EXPECT_EQ(done.number("total"), c.total) << c.visible;
+  }
+  const Finished none = run({worker(), "init"}, simulated(scratch, {{"CUDA_VISIBLE_DEVICES", "bogus,1"}}));
+  EXPECT_EQ(none.value("result"), "100");  // CUDA_ERROR_NO_DEVICE
+}
+
+TEST(SimulatedMachine, BadDeviceListsNameTheFieldAndValue) {
+  ScratchDirectory scratch;
+  struct Case {
+    const char* devices;
+    const char* expected;
+  } cases[] = {
+      {"Z80", "unknown model 'Z80'"},
+      {"H100,memory=lots", "memory='lots' is not a size"},
+      {"H100,colour=red", "unknown field 'colour'"},
+      {"H100,uuid=XYZ", "uuid='XYZ' must look like GPU-"},
+      {"", "no devices listed"},
+  };
+  for (const Case& c : cases) {
+    const Finished done = run({worker(), "init"}, unhooked(scratch, {{"TESSERA_SIM_DEVICES", c.devices}}));
+    EXPECT_EQ(done.value("result"), "100") << c.devices;
+    EXPECT_NE(done.err.find(c.expected), std::string::npos) << c.devices << ": " << done.err;
+    EXPECT_NE(done.err.find("TESSERA_SIM_DEVICES"), std::string::npos) << done.err;
+  }
+}
+
+TEST(SimulatedMachine, DevicesComeFromAFileToo) {
+  ScratchDirectory scratch;
+  const std::string config = scratch.file("devices.conf");
+  {
+    FILE* file = std::fopen(config.c_str(), "w");
+    std::fputs("# two small cards\nT4\nT4,memory=8GiB,name=Small T4\n", file);
+    std::fclose(file);
+  }
+  const Finished done = run({worker(), "info"},
+                            unhooked(scratch, {{"TESSERA_SIM_CONFIG", config}, {"CUDA_VISIBLE_DEVICES", "1"}}));
+  EXPECT_EQ(done.number("total"), 8 * kGiB);
+}
+
+}  // namespace
+}  // namespace tessera::test
