@@ -92,6 +92,9 @@ constexpr VariantRule kVariantRules[] = {
     {"cuStreamSynchronize", 2000, "cuStreamSynchronize", "cuStreamSynchronize_ptsz"},
     {"cuEventSynchronize", 2000, "cuEventSynchronize", nullptr},
     {"cuCtxSynchronize", 2000, "cuCtxSynchronize", nullptr},
+    // CUDA 13 added cuCtxSynchronize_v2(ctx), which is not interposed: answering with the
+    // old wrapper would hand out the wrong signature, so the driver's pointer stands.
+    {"cuCtxSynchronize", 13000, "cuCtxSynchronize_v2", nullptr},
     {"cuMemCreate", 10020, "cuMemCreate", nullptr},
     {"cuMemRelease", 10020, "cuMemRelease", nullptr},
     {"cuMemMap", 10020, "cuMemMap", nullptr},
