@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Turns bench_hook's JSON into a table of medians and ratios (hooked against direct)."""
+import json
+import sys
+
+
+def medians(path):
+    with open(path) as handle:
+        report = json.load(handle)
+    found = {}
+    for entry in report["benchmarks"]:
+        if entry.get("aggregate_name") == "median":
+            found[entry["run_name"]] = entry
+    return report["context"], found
+
+
+def main():
+    context, runs = medians(sys.argv[1])
+    print(f"Host: {context['num_cpus']} CPUs at {context['mhz_per_cpu']} MHz; "
+          f"medians of {runs[next(iter(runs))]['repetitions']} repetitions\n")
+    print("| measure | direct | hooked | added by the hook | ratio | target |")
+    print("|---|---|---|---|---|---|")
+    for name, label, target in [("AllocFree", "cuMemAlloc + cuMemFree pair, limit in force", 200),
+                                ("LaunchKernel", "cuLaunchKernel, no compute limit", 10)]:
+        direct = runs[f"{name}/0"]["real_time"]
+        hooked = runs[f"{name}/1"]["real_time"]
+        added = hooked - direct
+        verdict = "met" if added < target else "MISSED"
+        print(f"| {label} | {direct:.1f} ns | {hooked:.1f} ns | {added:.1f} ns | "
+              f"{hooked / direct:.2f}x | < {target} ns: {verdict} |")
+    print()
+    print("| alloc/free pairs per second, one group | direct | hooked |")
+    print("|---|---|---|")
+    rates = {}
+    for processes in (1, 8):
+        row = []
+        for which in (0, 1):
+            rate = runs[f"ContendedAllocFree/{processes}/{which}/manual_time"]["items_per_second"]
+            rates[(processes, which)] = rate
+            row.append(f"{rate / 1e6:.2f} M/s")
+        print(f"| {processes} process{'es' if processes > 1 else ''} | {row[0]} | {row[1]} |")
+    for which, label in ((0, "direct"), (1, "hooked")):
+        ratio = rates[(8, which)] / rates[(1, which)]
+        note = ""
+        if which == 1:
+            note = " (target: >= 0.5, i.e. within 2x: " + ("met)" if ratio >= 0.5 else "MISSED)")
+        print(f"\n8 processes / 1 process, {label}: {ratio:.2f}{note}")
+
+
+if __name__ == "__main__":
+    main()
