@@ -683,13 +683,24 @@ HOOK_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   HOOK_ENTER();
   const CUresult result = state.real.cuMemUnmap(ptr, size);
   if (result != CUDA_SUCCESS || !state.accounting) return result;
+  // One unmap may cover several whole mappings.
   TableLock locked;
-  VmmMapping mapping{};
-  if (!state.vmm_mappings.take(ptr, mapping)) return result;
-  if (VmmCharge* record = state.vmm_handles.find(mapping.handle)) {
-    --record->maps;
-    settle_vmm_locked(mapping.handle, *record);
-  }
+  CUdeviceptr starts[64];
+  int count = 0;
+  do {
+    count = 0;
+    state.vmm_mappings.for_each([&](std::uint64_t start, VmmMapping&) {
+      if (start >= ptr && start < ptr + size && count < 64) starts[count++] = start;
+    });
+    for (int i = 0; i < count; ++i) {
+      VmmMapping mapping{};
+      state.vmm_mappings.take(starts[i], mapping);
+      if (VmmCharge* record = state.vmm_handles.find(mapping.handle)) {
+        --record->maps;
+        settle_vmm_locked(mapping.handle, *record);
+      }
+    }
+  } while (count == 64);
   return result;
 }
 

@@ -1127,19 +1127,34 @@ SIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offs
   return CUDA_SUCCESS;
 }
 
+// The range must be exactly one or more whole, adjacent mappings.
 SIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
-  Mapping mapping{};
+  VmmHandle* unmapped[64];
+  int count = 0;
   {
     Lock locked;
-    const Mapping* found = locked->mappings.find(ptr);
-    if (found == nullptr || found->size != size) return CUDA_ERROR_INVALID_VALUE;
-    locked->mappings.take(ptr, mapping);
+    std::uint64_t covered = 0;
+    for (CUdeviceptr cursor = ptr; cursor < ptr + size; cursor += covered) {
+      const Mapping* found = locked->mappings.find(cursor);
+      if (found == nullptr || cursor + found->size > ptr + size || count == 64) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      covered = found->size;
+      ++count;
+    }
+    count = 0;
+    for (CUdeviceptr cursor = ptr; cursor < ptr + size;) {
+      Mapping mapping{};
+      locked->mappings.take(cursor, mapping);
+      --mapping.handle->maps;
+      unmapped[count++] = mapping.handle;
+      cursor += mapping.size;
+    }
     mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    --mapping.handle->maps;
   }
-  maybe_free_vmm_handle(mapping.handle);
+  for (int i = 0; i < count; ++i) maybe_free_vmm_handle(unmapped[i]);
   return CUDA_SUCCESS;
 }
 
