@@ -33,7 +33,7 @@ bench: build
 	bench/run.sh $(BUILD_DIR)
 
 format:
-	find src tests bench examples -name '*.cpp' -o -name '*.h' | xargs clang-format -i
+	find src tests bench examples scripts -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.inc' | xargs clang-format -i
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -69,7 +69,9 @@ Driver& hooked() {
   static Driver driver = load(TESSERA_HOOK_LIBRARY);
   return driver;
 }
-Driver& pick(int which) { return which == 0 ? direct() : hooked(); }
+Driver& pick(int which) {
+  return which == 0 ? direct() : hooked();
+}
 
 void start(Driver& driver) {
   CUcontext context = nullptr;

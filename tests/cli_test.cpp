@@ -1,8 +1,8 @@
 // The tessera command as a user meets it.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "support.h"
@@ -11,7 +11,8 @@ namespace tessera::test {
 namespace {
 
 Environment cli_environment(const ScratchDirectory& scratch) {
-  return {{"TESSERA_RUNTIME_DIR", scratch.path()}, {"TESSERA_SIM_STATE", scratch.file("simgpu")},
+  return {{"TESSERA_RUNTIME_DIR", scratch.path()},
+          {"TESSERA_SIM_STATE", scratch.file("simgpu")},
           {"TESSERA_SIM_DEVICES", "H100;A100"}};
 }
 
@@ -31,9 +32,9 @@ TEST(Cli, DevicesSaysTheGpusAreSimulated) {
 
 TEST(Cli, RunLimitsTheCommandAndPassesItsExitCode) {
   ScratchDirectory scratch;
-  const Finished done = run({tessera(), "run", "--memory", "2GiB", "--", worker(), "fill",
-                             std::to_string(256 * kMiB)},
-                            cli_environment(scratch));
+  const Finished done = run(
+      {tessera(), "run", "--memory", "2GiB", "--", worker(), "fill", std::to_string(256 * kMiB)},
+      cli_environment(scratch));
   ASSERT_EQ(done.exit_code, 0) << done.err;
   EXPECT_EQ(done.number("total"), 2 * kGiB);
   EXPECT_EQ(done.number("allocated"), 8 * 256 * kMiB);
@@ -43,15 +44,17 @@ TEST(Cli, RunLimitsTheCommandAndPassesItsExitCode) {
   for (const auto& entry : std::filesystem::directory_iterator(scratch.path())) {
     EXPECT_NE(entry.path().extension(), ".ledger") << entry.path();
   }
-  const Finished failing = run({tessera(), "run", "--memory", "1GiB", "--", "/bin/sh", "-c", "exit 7"},
-                               cli_environment(scratch));
+  const Finished failing =
+      run({tessera(), "run", "--memory", "1GiB", "--", "/bin/sh", "-c", "exit 7"},
+          cli_environment(scratch));
   EXPECT_EQ(failing.exit_code, 7);
 }
 
 TEST(Cli, DeviceGivesTheGroupOneGpu) {
   ScratchDirectory scratch;
-  const Finished done = run({tessera(), "run", "--device", "1", "--memory", "3GiB", "--", worker(), "info"},
-                            cli_environment(scratch));
+  const Finished done =
+      run({tessera(), "run", "--device", "1", "--memory", "3GiB", "--", worker(), "info"},
+          cli_environment(scratch));
   ASSERT_EQ(done.exit_code, 0) << done.err;
   EXPECT_EQ(done.number("total"), 3 * kGiB);
   EXPECT_EQ(done.number("device_total"), 3 * kGiB);
@@ -60,8 +63,8 @@ TEST(Cli, DeviceGivesTheGroupOneGpu) {
 TEST(Cli, NamedGroupsShareOneLimitAndTopShowsThem) {
   ScratchDirectory scratch;
   const Environment environment = cli_environment(scratch);
-  Running holder({tessera(), "run", "--memory", "1GiB", "--group", "shared", "--keep", "--", worker(),
-                  "hold", std::to_string(600 * kMiB)},
+  Running holder({tessera(), "run", "--memory", "1GiB", "--group", "shared", "--keep", "--",
+                  worker(), "hold", std::to_string(600 * kMiB)},
                  environment);
   ASSERT_EQ(holder.read_line(), "result=0");
   const Finished second = run({tessera(), "run", "--memory", "1GiB", "--group", "shared", "--keep",
@@ -119,11 +122,14 @@ TEST(Cli, AGroupCannotBeJoinedWithADifferentLimit) {
   ScratchDirectory scratch;
   const Environment environment = cli_environment(scratch);
   ASSERT_EQ(run({tessera(), "run", "--memory", "1GiB", "--group", "g", "--keep", "--", "true"},
-                environment).exit_code, 0);
+                environment)
+                .exit_code,
+            0);
   const Finished done =
       run({tessera(), "run", "--memory", "2GiB", "--group", "g", "--", "true"}, environment);
   EXPECT_EQ(done.exit_code, 1);
-  EXPECT_NE(done.err.find("group exists with a memory limit of 1073741824 bytes"), std::string::npos)
+  EXPECT_NE(done.err.find("group exists with a memory limit of 1073741824 bytes"),
+            std::string::npos)
       << done.err;
 }
 

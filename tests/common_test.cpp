@@ -85,7 +85,8 @@ TEST(MemoryLimits, ErrorsNameTheVariableAndTheValue) {
   for (const Case& c : cases) {
     DeviceLimits limits;
     ErrorText error;
-    EXPECT_FALSE(parse_memory_limit_list("TESSERA_MEMORY_LIMIT", c.value, limits, error)) << c.value;
+    EXPECT_FALSE(parse_memory_limit_list("TESSERA_MEMORY_LIMIT", c.value, limits, error))
+        << c.value;
     EXPECT_NE(std::string(error.text).find(c.expected), std::string::npos)
         << c.value << " gave: " << error.text;
   }

@@ -1,6 +1,7 @@
 // The hook in real processes on the simulated GPU: every allocation path under and over
 // the quota, every way of finding the driver, the views, fork, exec, concurrency, kill -9,
 // and bad configuration.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <random>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "common/member_accounts.h"
 #include "ledger/ledger.h"
@@ -78,7 +77,8 @@ class AllocationPath : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(AllocationPath, UnderTheQuotaSucceedsAndIsFullyReturned) {
   ScratchDirectory scratch;
-  const Finished done = run({worker(), "path", GetParam(), std::to_string(512 * kMiB)}, limited(scratch));
+  const Finished done =
+      run({worker(), "path", GetParam(), std::to_string(512 * kMiB)}, limited(scratch));
   ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
   EXPECT_EQ(done.value("result"), "0");
   EXPECT_EQ(done.number("after_free"), kLimit);  // everything charged was given back
@@ -87,7 +87,8 @@ TEST_P(AllocationPath, UnderTheQuotaSucceedsAndIsFullyReturned) {
 
 TEST_P(AllocationPath, OverTheQuotaIsACleanOutOfMemory) {
   ScratchDirectory scratch;
-  const Finished done = run({worker(), "path", GetParam(), std::to_string(1100 * kMiB)}, limited(scratch));
+  const Finished done =
+      run({worker(), "path", GetParam(), std::to_string(1100 * kMiB)}, limited(scratch));
   ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
   EXPECT_EQ(done.value("result"), "2");  // CUDA_ERROR_OUT_OF_MEMORY
   EXPECT_EQ(done.number("after_free"), kLimit);
@@ -113,27 +114,31 @@ INSTANTIATE_TEST_SUITE_P(Hook, AllocationPath,
 TEST(Hook, PitchIsChargedAtTheRealPitch) {
   ScratchDirectory scratch;
   // 1,060,000 rows of 1000 bytes fit in 1 GiB; at the driver's 1024-byte pitch they do not.
-  const Finished done = run({worker(), "path", "pitch", std::to_string(1000ull * 1060000)}, limited(scratch));
+  const Finished done =
+      run({worker(), "path", "pitch", std::to_string(1000ull * 1060000)}, limited(scratch));
   EXPECT_EQ(done.value("result"), "2") << done.out;
 }
 
 TEST(Hook, ArrayPaddingIsCharged) {
   ScratchDirectory scratch;
   // 265,000 rows of 4000 bytes fit in 1 GiB; padded to 4096-byte rows they do not.
-  const Finished done = run({worker(), "path", "array", std::to_string(4000ull * 265000)}, limited(scratch));
+  const Finished done =
+      run({worker(), "path", "array", std::to_string(4000ull * 265000)}, limited(scratch));
   EXPECT_EQ(done.value("result"), "2") << done.out;
 }
 
 TEST(Hook, VmmMemoryStaysChargedWhileMappedAfterRelease) {
   ScratchDirectory scratch;
-  const Finished done = run({worker(), "path", "vmm", std::to_string(512 * kMiB)}, limited(scratch));
+  const Finished done =
+      run({worker(), "path", "vmm", std::to_string(512 * kMiB)}, limited(scratch));
   EXPECT_EQ(done.number("mapped_free"), kLimit - 512 * kMiB);  // released but still mapped
   EXPECT_EQ(done.number("after_free"), kLimit);                // unmapped: gone
 }
 
 TEST(Hook, VmmHostLocationsAreNotDeviceMemory) {
   ScratchDirectory scratch;
-  const Finished done = run({worker(), "path", "vmm-host", std::to_string(1100 * kMiB)}, limited(scratch));
+  const Finished done =
+      run({worker(), "path", "vmm-host", std::to_string(1100 * kMiB)}, limited(scratch));
   EXPECT_EQ(done.value("result"), "0");
   EXPECT_EQ(done.number("mapped_free"), kLimit);
 }
@@ -160,9 +165,8 @@ TEST(Hook, ContextsAreCharged) {
 
 TEST(Hook, AContextThatDoesNotFitIsRefusedAndTheGroupNeverHoldsIt) {
   ScratchDirectory scratch;
-  const Environment environment =
-      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)},
-                        {"TESSERA_SIM_DEVICES", "H100,context=64MiB"}});
+  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)},
+                                                    {"TESSERA_SIM_DEVICES", "H100,context=64MiB"}});
   // The first member teaches the group what a context costs, then holds almost everything.
   Running holder({worker(), "hold", std::to_string(kLimit - 64 * kMiB - 32 * kMiB)}, environment);
   ASSERT_EQ(holder.read_line(), "result=0");
@@ -187,12 +191,11 @@ TEST_P(LookupPath, EveryWayToTheDriverIsGoverned) {
   EXPECT_EQ(done.value("result"), "2") << mode;
 }
 
-INSTANTIATE_TEST_SUITE_P(Hook, LookupPath,
-                         ::testing::Combine(::testing::Values("direct", "dlsym", "procaddress",
-                                                              "procaddress-self",
-                                                              "procaddress-3020",
-                                                              "procaddress-ptsz"),
-                                            ::testing::Values("0", "1")));
+INSTANTIATE_TEST_SUITE_P(
+    Hook, LookupPath,
+    ::testing::Combine(::testing::Values("direct", "dlsym", "procaddress", "procaddress-self",
+                                         "procaddress-3020", "procaddress-ptsz"),
+                       ::testing::Values("0", "1")));
 
 TEST(Hook, ProcAddressKeepsTheDriversAnswersForMissingAndTooNewSymbols) {
   ScratchDirectory scratch;
@@ -251,16 +254,17 @@ TEST(Hook, WithoutALimitEveryCallPassesThrough) {
 TEST(Hook, FreeIsNeverAboveWhatTheDeviceHasFree) {
   ScratchDirectory scratch;
   // A 2 GiB slice of a 1.5 GiB device: the view cannot promise more than exists.
-  const Finished done = run({worker(), "info"},
-                            hooked(scratch, {{"TESSERA_MEMORY_LIMIT", "2GiB"},
-                                             {"TESSERA_SIM_DEVICES", "T4,memory=1536MiB"}}));
+  const Finished done =
+      run({worker(), "info"}, hooked(scratch, {{"TESSERA_MEMORY_LIMIT", "2GiB"},
+                                               {"TESSERA_SIM_DEVICES", "T4,memory=1536MiB"}}));
   EXPECT_EQ(done.number("total"), 1536 * kMiB);
   EXPECT_EQ(done.number("free"), 1536 * kMiB);
 }
 
 TEST(Hook, ASecondProcessInAGroupSeesTheFirstsUsage) {
   ScratchDirectory scratch;
-  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+  const Environment environment =
+      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
   Running holder({worker(), "hold", std::to_string(400 * kMiB)}, environment);
   ASSERT_EQ(holder.read_line(), "result=0");
   const Finished second = run({worker(), "fill", std::to_string(100 * kMiB)}, environment);
@@ -291,7 +295,8 @@ TEST(Hook, TwoGroupsOnOneDeviceDoNotAffectEachOther) {
 
 TEST(Hook, AForkedChildIsChargedToTheGroupAndReclaimedWhenItExits) {
   ScratchDirectory scratch;
-  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+  const Environment environment =
+      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
   const Finished done =
       run({worker(), "fork", std::to_string(300 * kMiB), std::to_string(300 * kMiB)}, environment);
   ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
@@ -303,7 +308,8 @@ TEST(Hook, AForkedChildIsChargedToTheGroupAndReclaimedWhenItExits) {
 
 TEST(Hook, MemoryOfAnExecedImageIsReclaimed) {
   ScratchDirectory scratch;
-  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+  const Environment environment =
+      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
   const Finished done = run({worker(), "exec", std::to_string(300 * kMiB)}, environment);
   ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
   EXPECT_EQ(done.number("free"), kLimit);
@@ -346,7 +352,8 @@ TEST(Hook, EightProcessesOfEightThreadsNeverExceedTheQuotaByOneByte) {
 
 TEST(Hook, KillMinusNineAtRandomInstantsLeaksNothing) {
   ScratchDirectory scratch;
-  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+  const Environment environment =
+      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
   std::mt19937 random(7);
   std::vector<std::unique_ptr<Running>> members;
   for (int i = 0; i < 4; ++i) {
@@ -385,14 +392,13 @@ TEST_P(MalformedLimit, IsAClearErrorAtTheFirstCudaCall) {
   EXPECT_NE(done.err.find(expected), std::string::npos) << done.err;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Hook, MalformedLimit,
-    ::testing::Values(std::make_pair("TESSERA_MEMORY_LIMIT", "8XB"),
-                      std::make_pair("TESSERA_MEMORY_LIMIT", "0=8GiB,x"),
-                      std::make_pair("TESSERA_MEMORY_LIMIT", "-1"),
-                      std::make_pair("TESSERA_MEMORY_LIMIT", "0"),
-                      std::make_pair("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
-                      std::make_pair("CUDA_DEVICE_MEMORY_LIMIT_2", "1.5")));
+INSTANTIATE_TEST_SUITE_P(Hook, MalformedLimit,
+                         ::testing::Values(std::make_pair("TESSERA_MEMORY_LIMIT", "8XB"),
+                                           std::make_pair("TESSERA_MEMORY_LIMIT", "0=8GiB,x"),
+                                           std::make_pair("TESSERA_MEMORY_LIMIT", "-1"),
+                                           std::make_pair("TESSERA_MEMORY_LIMIT", "0"),
+                                           std::make_pair("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
+                                           std::make_pair("CUDA_DEVICE_MEMORY_LIMIT_2", "1.5")));
 
 TEST(Hook, ABadLedgerDisablesCudaWithTheReason) {
   ScratchDirectory scratch;

@@ -3,8 +3,9 @@
 #include "ledger/ledger.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
+#include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,8 +16,6 @@
 #include <random>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "support.h"
 
@@ -153,7 +152,9 @@ const Damage kDamages[] = {
     {"bad member state",
      [](const std::string& p) {
        const std::uint32_t state = 7;
-       patch(p, offsetof(LedgerFile, accounts) + offsetof(SharedAccounts, members) + 3 * sizeof(MemberAccount),
+       patch(p,
+             offsetof(LedgerFile, accounts) + offsetof(SharedAccounts, members) +
+                 3 * sizeof(MemberAccount),
              &state, sizeof state);
      },
      "member slot 3 has an invalid state"},
@@ -345,7 +346,8 @@ TEST(Ledger, AForkedChildIsAMemberOfItsOwnAndOutlivesItsParent) {
   if (parent == 0) {
     Ledger ledger;
     ErrorText error;
-    if (!ledger.open(path.c_str(), error) || !ledger.join(error) || !ledger.reserve(0, 300)) _exit(1);
+    if (!ledger.open(path.c_str(), error) || !ledger.join(error) || !ledger.reserve(0, 300))
+      _exit(1);
     if (fork() == 0) {  // the grandchild keeps running after its parent is killed
       ledger.after_fork_in_child();
       if (!ledger.join(error) || !ledger.reserve(0, 200)) _exit(1);

@@ -47,7 +47,8 @@ std::vector<std::string> exported(const std::string& library) {
 }
 
 TEST(GuestLibraries, NeedNothingButTheCLibrary) {
-  for (const char* library : {"lib/libtessera-cuda.so", "sim/libcuda.so.1", "sim/libnvidia-ml.so.1"}) {
+  for (const char* library :
+       {"lib/libtessera-cuda.so", "sim/libcuda.so.1", "sim/libnvidia-ml.so.1"}) {
     for (const std::string& dependency : needed(build_path(library))) {
       EXPECT_TRUE(dependency == "libc.so.6" || dependency == "ld-linux-x86-64.so.2")
           << library << " needs " << dependency;
@@ -67,7 +68,8 @@ TEST(GuestLibraries, TheHookExportsOnlyWhatItInterposes) {
 TEST(GuestLibraries, TheHookDoesNothingAtLoadTime) {
   // Loading the hook into a program that never touches CUDA must be invisible.
   ScratchDirectory scratch;
-  const Finished done = run({"/bin/echo", "hello"}, hooked(scratch, {{"TESSERA_LOG_LEVEL", "debug"}}));
+  const Finished done =
+      run({"/bin/echo", "hello"}, hooked(scratch, {{"TESSERA_LOG_LEVEL", "debug"}}));
   EXPECT_EQ(done.exit_code, 0);
   EXPECT_EQ(done.out, "hello\n");
   EXPECT_EQ(done.err, "");

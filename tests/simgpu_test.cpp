@@ -1,12 +1,11 @@
 // The simulated GPU behaves as the driver does on the paths Tessera depends on: if it did
 // not, passing the hook tests on it would mean nothing.
 #include <dlfcn.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cstdlib>
 #include <cstring>
-
-#include <gtest/gtest.h>
 
 #include "cuda_abi/cuda_abi.h"
 #include "support.h"
@@ -57,8 +56,9 @@ TEST_F(SimulatedDriver, ProcAddressFollowsVersionsFlagsAndStatuses) {
   ASSERT_EQ(proc("cuCtxCreate", &found, 12080, 0, &status), CUDA_SUCCESS);
   EXPECT_EQ(found, dlsym(library_, "cuCtxCreate_v4"));
 
-  ASSERT_EQ(proc("cuLaunchKernel", &found, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
-                 &status), CUDA_SUCCESS);
+  ASSERT_EQ(
+      proc("cuLaunchKernel", &found, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &status),
+      CUDA_SUCCESS);
   EXPECT_EQ(found, dlsym(library_, "cuLaunchKernel_ptsz"));
   ASSERT_EQ(proc("cuLaunchKernel", &found, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status),
             CUDA_SUCCESS);
@@ -109,11 +109,13 @@ TEST(SimulatedMachine, CapacityHoldsAcrossProcessesAndDiesWithThem) {
   ScratchDirectory scratch;
   Running holder({worker(), "hold", std::to_string(50 * kGiB)}, simulated(scratch));
   ASSERT_EQ(holder.read_line(), "result=0");
-  const Finished refused = run({worker(), "path", "alloc", std::to_string(40 * kGiB)}, simulated(scratch));
+  const Finished refused =
+      run({worker(), "path", "alloc", std::to_string(40 * kGiB)}, simulated(scratch));
   EXPECT_EQ(refused.value("result"), "2");
   holder.kill_hard();
   holder.wait();
-  const Finished granted = run({worker(), "path", "alloc", std::to_string(40 * kGiB)}, simulated(scratch));
+  const Finished granted =
+      run({worker(), "path", "alloc", std::to_string(40 * kGiB)}, simulated(scratch));
   EXPECT_EQ(granted.value("result"), "0");
 }
 
@@ -128,10 +130,12 @@ TEST(SimulatedMachine, VisibleDevicesSelectAndEndAtTheFirstBadEntry) {
       {"0,1", 81559 * kMiB},
   };
   for (const Case& c : cases) {
-    const Finished done = run({worker(), "info"}, simulated(scratch, {{"CUDA_VISIBLE_DEVICES", c.visible}}));
+    const Finished done =
+        run({worker(), "info"}, simulated(scratch, {{"CUDA_VISIBLE_DEVICES", c.visible}}));
     EXPECT_EQ(done.number("total"), c.total) << c.visible;
   }
-  const Finished none = run({worker(), "init"}, simulated(scratch, {{"CUDA_VISIBLE_DEVICES", "bogus,1"}}));
+  const Finished none =
+      run({worker(), "init"}, simulated(scratch, {{"CUDA_VISIBLE_DEVICES", "bogus,1"}}));
   EXPECT_EQ(none.value("result"), "100");  // CUDA_ERROR_NO_DEVICE
 }
 
@@ -148,7 +152,8 @@ TEST(SimulatedMachine, BadDeviceListsNameTheFieldAndValue) {
       {"", "no devices listed"},
   };
   for (const Case& c : cases) {
-    const Finished done = run({worker(), "init"}, unhooked(scratch, {{"TESSERA_SIM_DEVICES", c.devices}}));
+    const Finished done =
+        run({worker(), "init"}, unhooked(scratch, {{"TESSERA_SIM_DEVICES", c.devices}}));
     EXPECT_EQ(done.value("result"), "100") << c.devices;
     EXPECT_NE(done.err.find(c.expected), std::string::npos) << c.devices << ": " << done.err;
     EXPECT_NE(done.err.find("TESSERA_SIM_DEVICES"), std::string::npos) << done.err;
@@ -163,8 +168,9 @@ TEST(SimulatedMachine, DevicesComeFromAFileToo) {
     std::fputs("# two small cards\nT4\nT4,memory=8GiB,name=Small T4\n", file);
     std::fclose(file);
   }
-  const Finished done = run({worker(), "info"},
-                            unhooked(scratch, {{"TESSERA_SIM_CONFIG", config}, {"CUDA_VISIBLE_DEVICES", "1"}}));
+  const Finished done =
+      run({worker(), "info"},
+          unhooked(scratch, {{"TESSERA_SIM_CONFIG", config}, {"CUDA_VISIBLE_DEVICES", "1"}}));
   EXPECT_EQ(done.number("total"), 8 * kGiB);
 }
 

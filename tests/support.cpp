@@ -1,9 +1,10 @@
 #include "support.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,8 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
-
-#include <gtest/gtest.h>
 
 extern char** environ;
 
@@ -58,7 +57,8 @@ pid_t spawn(const std::vector<std::string>& argv, const Environment& extra, int*
   close(in[0]);
   close(out[1]);
   close(err[1]);
-  if (status != 0) throw std::runtime_error("cannot spawn " + argv[0] + ": " + std::strerror(status));
+  if (status != 0)
+    throw std::runtime_error("cannot spawn " + argv[0] + ": " + std::strerror(status));
   *stdin_fd = in[1];
   *stdout_fd = out[0];
   if (stderr_fd != nullptr) {
@@ -162,7 +162,9 @@ void Running::close_stdin() {
   stdin_fd_ = -1;
 }
 
-void Running::kill_hard() { kill(pid_, SIGKILL); }
+void Running::kill_hard() {
+  kill(pid_, SIGKILL);
+}
 
 int Running::wait() {
   int status = 0;
@@ -177,13 +179,19 @@ ScratchDirectory::ScratchDirectory() {
   path_ = pattern;
 }
 
-ScratchDirectory::~ScratchDirectory() { std::filesystem::remove_all(path_); }
+ScratchDirectory::~ScratchDirectory() {
+  std::filesystem::remove_all(path_);
+}
 
 std::string build_path(const std::string& relative) {
   return std::string(TESSERA_BINARY_DIR) + "/" + relative;
 }
-std::string worker() { return build_path("tests/cuda_worker"); }
-std::string tessera() { return build_path("bin/tessera"); }
+std::string worker() {
+  return build_path("tests/cuda_worker");
+}
+std::string tessera() {
+  return build_path("bin/tessera");
+}
 
 Environment unhooked(const ScratchDirectory& scratch, const Environment& extra) {
   Environment environment{{"LD_LIBRARY_PATH", build_path("sim")},

@@ -35,8 +35,8 @@ class Running {
   std::string read_line();  // blocks until a line (or EOF: "")
   void write_line(const std::string& line);
   void close_stdin();
-  void kill_hard();          // SIGKILL
-  int wait();                // exit code, 128 + signal if killed
+  void kill_hard();  // SIGKILL
+  int wait();        // exit code, 128 + signal if killed
   pid_t pid() const { return pid_; }
 
  private:

@@ -36,7 +36,9 @@ inline CUcontext open_gpu() {
   return context;
 }
 
-inline double gib(std::size_t bytes) { return static_cast<double>(bytes) / (1ull << 30); }
+inline double gib(std::size_t bytes) {
+  return static_cast<double>(bytes) / (1ull << 30);
+}
 
 // "8GiB"-style sizes for the examples' options (whole GiB or MiB only).
 inline std::size_t parse_example_size(const std::string& text) {

@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
     require(cuMemUnmap(base, mapped), "cuMemUnmap");
     std::size_t free = 0, total = 0;
     require(cuMemGetInfo_v2(&free, &total), "cuMemGetInfo");
-    std::printf("vmm_allocator: after unmapping, %.1f GiB of %.1f GiB free\n", gib(free), gib(total));
+    std::printf("vmm_allocator: after unmapping, %.1f GiB of %.1f GiB free\n", gib(free),
+                gib(total));
     exit_code = result == CUDA_ERROR_OUT_OF_MEMORY ? 0 : 1;
   });
   grower.join();

@@ -1,11 +1,10 @@
 // tessera devices: the GPUs this machine has, as NVML reports them.
 #include <dlfcn.h>
+#include <fmt/core.h>
 
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
-
-#include <fmt/core.h>
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/environment.h"
@@ -24,12 +23,6 @@ Function resolve(void* library, const char* name) {
   return function;
 }
 
-std::string human(std::uint64_t bytes) {
-  char text[32];
-  format_size(bytes, text, sizeof text);
-  return text;
-}
-
 }  // namespace
 
 int devices_command(const DevicesOptions& options) {
@@ -38,7 +31,8 @@ int devices_command(const DevicesOptions& options) {
   const std::string library =
       simulated ? installation.simulator_dir + "/libnvidia-ml.so.1" : "libnvidia-ml.so.1";
   void* nvml = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (nvml == nullptr) throw std::runtime_error(fmt::format("cannot load {}: {}", library, dlerror()));
+  if (nvml == nullptr)
+    throw std::runtime_error(fmt::format("cannot load {}: {}", library, dlerror()));
 
   auto init = resolve<PFN_nvmlInit_v2>(nvml, "nvmlInit_v2");
   auto count = resolve<PFN_nvmlDeviceGetCount_v2>(nvml, "nvmlDeviceGetCount_v2");
@@ -58,12 +52,17 @@ int devices_command(const DevicesOptions& options) {
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
     nvmlMemory_t memory{};
-    if (by_index(index, &device) != NVML_SUCCESS || name_of(device, name, sizeof name) != NVML_SUCCESS ||
-        uuid_of(device, uuid, sizeof uuid) != NVML_SUCCESS || memory_of(device, &memory) != NVML_SUCCESS) {
+    if (by_index(index, &device) != NVML_SUCCESS ||
+        name_of(device, name, sizeof name) != NVML_SUCCESS ||
+        uuid_of(device, uuid, sizeof uuid) != NVML_SUCCESS ||
+        memory_of(device, &memory) != NVML_SUCCESS) {
       throw std::runtime_error(fmt::format("NVML could not describe device {}", index));
     }
-    list.push_back({{"index", index}, {"name", name}, {"uuid", uuid},
-                    {"memory_total", memory.total}, {"memory_used", memory.used},
+    list.push_back({{"index", index},
+                    {"name", name},
+                    {"uuid", uuid},
+                    {"memory_total", memory.total},
+                    {"memory_used", memory.used},
                     {"simulated", simulated}});
   }
   if (options.json) {
@@ -76,8 +75,8 @@ int devices_command(const DevicesOptions& options) {
   for (const auto& entry : list) {
     fmt::print("{:<6}{:<28}{:<44}{:>14}{:>14}\n", entry["index"].get<unsigned>(),
                entry["name"].get<std::string>(), entry["uuid"].get<std::string>(),
-               human(entry["memory_total"].get<std::uint64_t>()),
-               human(entry["memory_used"].get<std::uint64_t>()));
+               human_size(entry["memory_total"].get<std::uint64_t>()),
+               human_size(entry["memory_used"].get<std::uint64_t>()));
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "cli/environment.h"
 
 #include <dlfcn.h>
+#include <fmt/core.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,7 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include <fmt/core.h>
+#include "common/units.h"
 
 namespace tessera::cli {
 namespace fs = std::filesystem;
@@ -60,11 +61,13 @@ bool use_simulated_gpu(const Installation& installation) {
   if (nvml != nullptr) dlclose(nvml);
   if (real_driver) return false;
   if (choice != nullptr && std::strcmp(choice, "0") == 0) {
-    throw std::runtime_error("no NVIDIA driver found and TESSERA_SIMULATE=0 forbids the simulated GPU");
+    throw std::runtime_error(
+        "no NVIDIA driver found and TESSERA_SIMULATE=0 forbids the simulated GPU");
   }
   if (installation.simulator_dir.empty()) {
-    throw std::runtime_error("no NVIDIA driver found, and the simulated GPU is not installed "
-                             "(set TESSERA_SIM_LIBRARY_DIR)");
+    throw std::runtime_error(
+        "no NVIDIA driver found, and the simulated GPU is not installed "
+        "(set TESSERA_SIM_LIBRARY_DIR)");
   }
   return true;
 }
@@ -84,11 +87,16 @@ std::string runtime_directory() {
   return directory;
 }
 
+std::string human_size(std::uint64_t bytes) {
+  char text[32];
+  format_size(bytes, text, sizeof text);
+  return text;
+}
+
 void prepend_to_path_variable(const char* variable, const std::string& entry, char separator) {
   const char* current = std::getenv(variable);
-  const std::string value = current != nullptr && *current != '\0'
-                                ? entry + separator + current
-                                : entry;
+  const std::string value =
+      current != nullptr && *current != '\0' ? entry + separator + current : entry;
   setenv(variable, value.c_str(), 1);
 }
 

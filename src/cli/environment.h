@@ -3,6 +3,7 @@
 // holds the group ledgers.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace tessera::cli {
@@ -23,6 +24,9 @@ bool use_simulated_gpu(const Installation& installation);
 // The directory of group ledgers: TESSERA_RUNTIME_DIR, or /dev/shm/tessera-<uid>; created
 // (mode 0700) if missing.
 std::string runtime_directory();
+
+// A size for people: "8.00 GiB".
+std::string human_size(std::uint64_t bytes);
 
 // Prepends `entry` to a colon-separated environment variable.
 void prepend_to_path_variable(const char* variable, const std::string& entry, char separator);

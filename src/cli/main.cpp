@@ -1,7 +1,7 @@
 // The tessera command.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <CLI/CLI.hpp>
 #include <stdexcept>
 #include <string>
 
@@ -13,8 +13,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   RunOptions run;
-  CLI::App* run_app = app.add_subcommand(
-      "run", "Run a command in a sharing group whose device memory is limited");
+  CLI::App* run_app =
+      app.add_subcommand("run", "Run a command in a sharing group whose device memory is limited");
   run_app->add_option("--memory", run.memory, "Device memory the group may hold, e.g. 8GiB")
       ->required();
   run_app->add_option("--device", run.device, "Give the group only this GPU (physical index)");

@@ -1,4 +1,5 @@
 // tessera run: start a command in a sharing group with a memory limit on its GPU.
+#include <fmt/core.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -7,8 +8,6 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
-
-#include <fmt/core.h>
 
 #include "cli/commands.h"
 #include "cli/environment.h"
@@ -34,26 +33,20 @@ bool valid_group_name(const std::string& name) {
   return name.front() != '.';
 }
 
-std::string human(std::uint64_t bytes) {
-  char text[32];
-  format_size(bytes, text, sizeof text);
-  return text;
-}
-
 }  // namespace
 
 int run_command(const RunOptions& options) {
   std::uint64_t limit = 0;
   if (!parse_size(options.memory, limit) || limit == 0) {
-    throw std::runtime_error(fmt::format(
-        "--memory '{}' is not a size larger than 0 (write e.g. 8GiB, 512MiB or 8g)", options.memory));
+    throw std::runtime_error(
+        fmt::format("--memory '{}' is not a size larger than 0 (write e.g. 8GiB, 512MiB or 8g)",
+                    options.memory));
   }
   if (options.device && (*options.device < 0 || *options.device >= kMaxDevices)) {
     throw std::runtime_error(
         fmt::format("--device {} is out of range (0 to {})", *options.device, kMaxDevices - 1));
   }
-  const std::string group =
-      options.group.empty() ? fmt::format("run-{}", getpid()) : options.group;
+  const std::string group = options.group.empty() ? fmt::format("run-{}", getpid()) : options.group;
   if (!valid_group_name(group)) {
     throw std::runtime_error(fmt::format(
         "--group '{}' must be 1 to 63 letters, digits, '-', '_' or '.'", options.group));
@@ -82,8 +75,8 @@ int run_command(const RunOptions& options) {
   if (!ledger.create_or_open(path.c_str(), spec, error)) throw std::runtime_error(error.text);
 
   setenv("TESSERA_LEDGER", path.c_str(), 1);
-  setenv("TESSERA_MEMORY_LIMIT", options.device ? fmt::format("0={}", limit).c_str()
-                                                : std::to_string(limit).c_str(), 1);
+  setenv("TESSERA_MEMORY_LIMIT",
+         options.device ? fmt::format("0={}", limit).c_str() : std::to_string(limit).c_str(), 1);
   prepend_to_path_variable("LD_PRELOAD", installation.hook_library, ':');
 
   child_pid = fork();
@@ -93,10 +86,12 @@ int run_command(const RunOptions& options) {
     for (const std::string& word : options.command) argv.push_back(const_cast<char*>(word.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
-    fmt::print(stderr, "tessera run: cannot run '{}': {}\n", options.command[0], std::strerror(errno));
+    fmt::print(stderr, "tessera run: cannot run '{}': {}\n", options.command[0],
+               std::strerror(errno));
     _exit(127);
   }
-  for (int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(signal_number, forward_signal);
+  for (int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+    signal(signal_number, forward_signal);
   int status = 0;
   while (waitpid(child_pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -106,7 +101,7 @@ int run_command(const RunOptions& options) {
       const ledger::DeviceUsage usage = ledger.usage(device);
       if (usage.peak == 0 && usage.rejections == 0 && (options.device || device > 0)) continue;
       fmt::print(stderr, "tessera: group {} device {}: limit {}, peak {}, refused {}\n", group,
-                 device, human(usage.limit), human(usage.peak), usage.rejections);
+                 device, human_size(usage.limit), human_size(usage.peak), usage.rejections);
     }
   }
   // The ledger goes with the group's last member, unless asked to keep it.

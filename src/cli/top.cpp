@@ -1,13 +1,12 @@
 // tessera top: each sharing group's memory on each device, read from the ledgers.
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <thread>
-
-#include <fmt/core.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/environment.h"
@@ -16,12 +15,6 @@
 
 namespace tessera::cli {
 namespace {
-
-std::string human(std::uint64_t bytes) {
-  char text[32];
-  format_size(bytes, text, sizeof text);
-  return text;
-}
 
 // One row per group and device that has a limit or has seen use.
 nlohmann::json snapshot(const std::string& directory) {
@@ -46,17 +39,21 @@ nlohmann::json snapshot(const std::string& directory) {
           usage.limit == ledger.effective_limit(0)) {
         continue;  // the same limit on every device: show the ones in use, and device 0
       }
-      rows.push_back({{"group", ledger.file()->group_name}, {"device", device},
-                      {"limit", usage.limit}, {"used", usage.used}, {"peak", usage.peak},
-                      {"refused", usage.rejections}, {"members", members}});
+      rows.push_back({{"group", ledger.file()->group_name},
+                      {"device", device},
+                      {"limit", usage.limit},
+                      {"used", usage.used},
+                      {"peak", usage.peak},
+                      {"refused", usage.rejections},
+                      {"members", members}});
     }
   }
   return rows;
 }
 
 void print_table(const nlohmann::json& rows) {
-  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>9}\n", "GROUP", "DEVICE", "LIMIT", "USED", "PEAK",
-             "REFUSED", "MEMBERS");
+  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>9}\n", "GROUP", "DEVICE", "LIMIT", "USED",
+             "PEAK", "REFUSED", "MEMBERS");
   for (const auto& row : rows) {
     if (row.contains("error")) {
       fmt::print("{:<20} unreadable: {}\n", row["group"].get<std::string>(),
@@ -65,10 +62,12 @@ void print_table(const nlohmann::json& rows) {
     }
     fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>9}\n", row["group"].get<std::string>(),
                row["device"].get<int>(),
-               row["limit"].get<std::uint64_t>() == kUnlimited ? std::string("none")
-                                                               : human(row["limit"].get<std::uint64_t>()),
-               human(row["used"].get<std::uint64_t>()), human(row["peak"].get<std::uint64_t>()),
-               row["refused"].get<std::uint64_t>(), row["members"].get<int>());
+               row["limit"].get<std::uint64_t>() == kUnlimited
+                   ? std::string("none")
+                   : human_size(row["limit"].get<std::uint64_t>()),
+               human_size(row["used"].get<std::uint64_t>()),
+               human_size(row["peak"].get<std::uint64_t>()), row["refused"].get<std::uint64_t>(),
+               row["members"].get<int>());
   }
 }
 

@@ -98,7 +98,8 @@ class HandleTable {
   }
 
   bool grow() {
-    const std::size_t new_capacity = capacity_ == 0 ? 64 : (size_ * 4 > capacity_ ? capacity_ * 2 : capacity_);
+    const std::size_t new_capacity =
+        capacity_ == 0 ? 64 : (size_ * 4 > capacity_ ? capacity_ * 2 : capacity_);
     auto* fresh = static_cast<Entry*>(std::calloc(new_capacity, sizeof(Entry)));
     if (fresh == nullptr) return false;
     Entry* old = entries_;

@@ -18,8 +18,11 @@ LogLevel parse_level(const char* value) {
   static constexpr struct {
     const char* name;
     LogLevel level;
-  } kLevels[] = {{"off", LogLevel::off},   {"error", LogLevel::error}, {"warn", LogLevel::warn},
-                 {"info", LogLevel::info}, {"debug", LogLevel::debug}};
+  } kLevels[] = {{"off", LogLevel::off},
+                 {"error", LogLevel::error},
+                 {"warn", LogLevel::warn},
+                 {"info", LogLevel::info},
+                 {"debug", LogLevel::debug}};
   for (const auto& entry : kLevels) {
     if (std::strcmp(value, entry.name) == 0) return entry.level;
   }

@@ -76,9 +76,10 @@ bool map_shared_file(const char* path, std::size_t size, InitializeShared initia
   }
   if (static_cast<std::size_t>(status.st_size) != size) {
     ::close(fd);
-    return error.set("%s: is %lld bytes, expected %zu: truncated, or not a Tessera file of this "
-                     "version",
-                     path, static_cast<long long>(status.st_size), size);
+    return error.set(
+        "%s: is %lld bytes, expected %zu: truncated, or not a Tessera file of this "
+        "version",
+        path, static_cast<long long>(status.st_size), size);
   }
   if (!set_size_and_map(fd, size, false, mapping, path, error)) {
     ::close(fd);
@@ -117,7 +118,9 @@ LockOutcome lock_robust(pthread_mutex_t* mutex) {
   return LockOutcome::acquired;
 }
 
-void unlock_robust(pthread_mutex_t* mutex) { pthread_mutex_unlock(mutex); }
+void unlock_robust(pthread_mutex_t* mutex) {
+  pthread_mutex_unlock(mutex);
+}
 
 namespace {
 struct flock byte_lock(short type, int index) {

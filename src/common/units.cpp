@@ -30,14 +30,14 @@ constexpr Suffix kSuffixes[] = {
     {"k", kKi},
     {"kib", kKi},
     {"kb", 1000},
-    {"m", kKi * kKi},
-    {"mib", kKi * kKi},
+    {"m", kKi* kKi},
+    {"mib", kKi* kKi},
     {"mb", 1000 * 1000},
-    {"g", kKi * kKi * kKi},
-    {"gib", kKi * kKi * kKi},
+    {"g", kKi* kKi* kKi},
+    {"gib", kKi* kKi* kKi},
     {"gb", 1000ull * 1000 * 1000},
-    {"t", kKi * kKi * kKi * kKi},
-    {"tib", kKi * kKi * kKi * kKi},
+    {"t", kKi* kKi* kKi* kKi},
+    {"tib", kKi* kKi* kKi* kKi},
     {"tb", 1000ull * 1000 * 1000 * 1000},
 };
 
@@ -76,8 +76,8 @@ bool parse_size(std::string_view text, std::uint64_t& bytes) {
     if (!equals_ignoring_case(suffix, candidate.name)) continue;
     const std::uint64_t multiplier = candidate.multiplier;
     if (whole != 0 && multiplier > UINT64_MAX / whole) return false;
-    const std::uint64_t fractional_bytes =
-        static_cast<std::uint64_t>(static_cast<long double>(multiplier) * fraction / fraction_scale);
+    const std::uint64_t fractional_bytes = static_cast<std::uint64_t>(
+        static_cast<long double>(multiplier) * fraction / fraction_scale);
     if (fraction != 0 && multiplier == 1) return false;  // no fractional bytes
     if (whole * multiplier > UINT64_MAX - fractional_bytes) return false;
     bytes = whole * multiplier + fractional_bytes;

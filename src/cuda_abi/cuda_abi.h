@@ -132,6 +132,25 @@ inline constexpr int CU_AD_FORMAT_SIGNED_INT16 = 0x09;
 inline constexpr int CU_AD_FORMAT_SIGNED_INT32 = 0x0a;
 inline constexpr int CU_AD_FORMAT_HALF = 0x10;
 inline constexpr int CU_AD_FORMAT_FLOAT = 0x20;
+// Bytes per channel of an array format; 0 for a format Tessera does not know.
+constexpr int array_format_bytes(int format) {
+  switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
 struct CUDA_ARRAY_DESCRIPTOR {
   std::size_t Width;
   std::size_t Height;
@@ -168,78 +187,78 @@ struct CUlaunchConfig {
 
 inline constexpr unsigned int CU_MEM_ATTACH_GLOBAL = 1;
 
-#define TESSERA_LAUNCH_GRID_PARAMS                                                         \
+#define TESSERA_LAUNCH_GRID_PARAMS                                                             \
   unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, \
       unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes
 
 // Every driver entry point Tessera declares: X(name, parameter list).
 // The hook interposes the ones in TESSERA_CUDA_HOOKED; the simulated driver implements all.
-#define TESSERA_CUDA_HOOKED(X)                                                                  \
-  X(cuInit, (unsigned int flags))                                                               \
-  X(cuGetProcAddress, (const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags))       \
-  X(cuGetProcAddress_v2, (const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,     \
-                          CUdriverProcAddressQueryResult* symbolStatus))                         \
-  X(cuMemGetInfo_v2, (std::size_t * free, std::size_t* total))                                  \
-  X(cuDeviceTotalMem_v2, (std::size_t * bytes, CUdevice dev))                                   \
-  X(cuMemAlloc_v2, (CUdeviceptr * dptr, std::size_t bytesize))                                  \
-  X(cuMemAllocPitch_v2, (CUdeviceptr * dptr, std::size_t* pPitch, std::size_t widthInBytes,      \
-                         std::size_t height, unsigned int elementSizeBytes))                     \
-  X(cuMemAllocManaged, (CUdeviceptr * dptr, std::size_t bytesize, unsigned int flags))          \
-  X(cuMemFree_v2, (CUdeviceptr dptr))                                                            \
-  X(cuMemAllocAsync, (CUdeviceptr * dptr, std::size_t bytesize, CUstream hStream))              \
-  X(cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, std::size_t bytesize, CUstream hStream))         \
-  X(cuMemAllocFromPoolAsync,                                                                    \
-    (CUdeviceptr * dptr, std::size_t bytesize, CUmemoryPool pool, CUstream hStream))            \
-  X(cuMemAllocFromPoolAsync_ptsz,                                                               \
-    (CUdeviceptr * dptr, std::size_t bytesize, CUmemoryPool pool, CUstream hStream))            \
-  X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream))                                       \
-  X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream))                                  \
-  X(cuMemPoolTrimTo, (CUmemoryPool pool, std::size_t minBytesToKeep))                           \
-  X(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void* value))                          \
-  X(cuMemPoolDestroy, (CUmemoryPool pool))                                                      \
-  X(cuStreamSynchronize, (CUstream hStream))                                                    \
-  X(cuStreamSynchronize_ptsz, (CUstream hStream))                                               \
-  X(cuEventSynchronize, (CUevent hEvent))                                                       \
-  X(cuCtxSynchronize, ())                                                                       \
-  X(cuMemCreate, (CUmemGenericAllocationHandle * handle, std::size_t size,                      \
-                  const CUmemAllocationProp* prop, unsigned long long flags))                   \
-  X(cuMemRelease, (CUmemGenericAllocationHandle handle))                                        \
-  X(cuMemMap, (CUdeviceptr ptr, std::size_t size, std::size_t offset,                           \
-               CUmemGenericAllocationHandle handle, unsigned long long flags))                  \
-  X(cuMemUnmap, (CUdeviceptr ptr, std::size_t size))                                            \
-  X(cuMemImportFromShareableHandle,                                                             \
-    (CUmemGenericAllocationHandle * handle, void* osHandle, int shHandleType))                  \
-  X(cuArrayCreate_v2, (CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR* pAllocateArray))         \
-  X(cuArray3DCreate_v2, (CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray))     \
-  X(cuArrayDestroy, (CUarray hArray))                                                           \
-  X(cuMipmappedArrayCreate, (CUmipmappedArray * pHandle,                                        \
-                             const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc,                \
-                             unsigned int numMipmapLevels))                                     \
-  X(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray))                                \
-  X(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev))                       \
-  X(cuCtxCreate_v3, (CUcontext * pctx, CUexecAffinityParam_st * paramsArray, int numParams,     \
-                     unsigned int flags, CUdevice dev))                                         \
-  X(cuCtxCreate_v4, (CUcontext * pctx, CUctxCreateParams_st * ctxCreateParams,                  \
-                     unsigned int flags, CUdevice dev))                                         \
-  X(cuCtxDestroy_v2, (CUcontext ctx))                                                           \
-  X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))                                 \
-  X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev))                                               \
-  X(cuDevicePrimaryCtxReset_v2, (CUdevice dev))                                                 \
-  X(cuLaunchKernel, (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream,                \
-                     void** kernelParams, void** extra))                                        \
-  X(cuLaunchKernel_ptsz, (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream,           \
-                          void** kernelParams, void** extra))                                   \
-  X(cuLaunchKernelEx,                                                                           \
-    (const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra))            \
-  X(cuLaunchKernelEx_ptsz,                                                                      \
-    (const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra))            \
-  X(cuLaunchCooperativeKernel,                                                                  \
-    (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams))          \
-  X(cuLaunchCooperativeKernel_ptsz,                                                             \
-    (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams))          \
-  X(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream))                                  \
-  X(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream))                             \
-  X(cuLaunchHostFunc, (CUstream hStream, CUhostFn fn, void* userData))                          \
+#define TESSERA_CUDA_HOOKED(X)                                                                    \
+  X(cuInit, (unsigned int flags))                                                                 \
+  X(cuGetProcAddress, (const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags))        \
+  X(cuGetProcAddress_v2, (const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,      \
+                          CUdriverProcAddressQueryResult* symbolStatus))                          \
+  X(cuMemGetInfo_v2, (std::size_t * free, std::size_t * total))                                   \
+  X(cuDeviceTotalMem_v2, (std::size_t * bytes, CUdevice dev))                                     \
+  X(cuMemAlloc_v2, (CUdeviceptr * dptr, std::size_t bytesize))                                    \
+  X(cuMemAllocPitch_v2, (CUdeviceptr * dptr, std::size_t * pPitch, std::size_t widthInBytes,      \
+                         std::size_t height, unsigned int elementSizeBytes))                      \
+  X(cuMemAllocManaged, (CUdeviceptr * dptr, std::size_t bytesize, unsigned int flags))            \
+  X(cuMemFree_v2, (CUdeviceptr dptr))                                                             \
+  X(cuMemAllocAsync, (CUdeviceptr * dptr, std::size_t bytesize, CUstream hStream))                \
+  X(cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, std::size_t bytesize, CUstream hStream))           \
+  X(cuMemAllocFromPoolAsync,                                                                      \
+    (CUdeviceptr * dptr, std::size_t bytesize, CUmemoryPool pool, CUstream hStream))              \
+  X(cuMemAllocFromPoolAsync_ptsz,                                                                 \
+    (CUdeviceptr * dptr, std::size_t bytesize, CUmemoryPool pool, CUstream hStream))              \
+  X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream))                                         \
+  X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream))                                    \
+  X(cuMemPoolTrimTo, (CUmemoryPool pool, std::size_t minBytesToKeep))                             \
+  X(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void* value))                            \
+  X(cuMemPoolDestroy, (CUmemoryPool pool))                                                        \
+  X(cuStreamSynchronize, (CUstream hStream))                                                      \
+  X(cuStreamSynchronize_ptsz, (CUstream hStream))                                                 \
+  X(cuEventSynchronize, (CUevent hEvent))                                                         \
+  X(cuCtxSynchronize, ())                                                                         \
+  X(cuMemCreate, (CUmemGenericAllocationHandle * handle, std::size_t size,                        \
+                  const CUmemAllocationProp* prop, unsigned long long flags))                     \
+  X(cuMemRelease, (CUmemGenericAllocationHandle handle))                                          \
+  X(cuMemMap, (CUdeviceptr ptr, std::size_t size, std::size_t offset,                             \
+               CUmemGenericAllocationHandle handle, unsigned long long flags))                    \
+  X(cuMemUnmap, (CUdeviceptr ptr, std::size_t size))                                              \
+  X(cuMemImportFromShareableHandle,                                                               \
+    (CUmemGenericAllocationHandle * handle, void* osHandle, int shHandleType))                    \
+  X(cuArrayCreate_v2, (CUarray * pHandle, const CUDA_ARRAY_DESCRIPTOR* pAllocateArray))           \
+  X(cuArray3DCreate_v2, (CUarray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray))       \
+  X(cuArrayDestroy, (CUarray hArray))                                                             \
+  X(cuMipmappedArrayCreate,                                                                       \
+    (CUmipmappedArray * pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc,              \
+     unsigned int numMipmapLevels))                                                               \
+  X(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray))                                  \
+  X(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev))                         \
+  X(cuCtxCreate_v3, (CUcontext * pctx, CUexecAffinityParam_st * paramsArray, int numParams,       \
+                     unsigned int flags, CUdevice dev))                                           \
+  X(cuCtxCreate_v4,                                                                               \
+    (CUcontext * pctx, CUctxCreateParams_st * ctxCreateParams, unsigned int flags, CUdevice dev)) \
+  X(cuCtxDestroy_v2, (CUcontext ctx))                                                             \
+  X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))                                   \
+  X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev))                                                 \
+  X(cuDevicePrimaryCtxReset_v2, (CUdevice dev))                                                   \
+  X(cuLaunchKernel, (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream,                  \
+                     void** kernelParams, void** extra))                                          \
+  X(cuLaunchKernel_ptsz, (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream,             \
+                          void** kernelParams, void** extra))                                     \
+  X(cuLaunchKernelEx,                                                                             \
+    (const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra))              \
+  X(cuLaunchKernelEx_ptsz,                                                                        \
+    (const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra))              \
+  X(cuLaunchCooperativeKernel,                                                                    \
+    (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams))            \
+  X(cuLaunchCooperativeKernel_ptsz,                                                               \
+    (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams))            \
+  X(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream))                                    \
+  X(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream))                               \
+  X(cuLaunchHostFunc, (CUstream hStream, CUhostFn fn, void* userData))                            \
   X(cuLaunchHostFunc_ptsz, (CUstream hStream, CUhostFn fn, void* userData))
 
 // Entry points the hook calls on the real driver but does not interpose.
@@ -277,7 +296,7 @@ inline constexpr unsigned int CU_MEM_ATTACH_GLOBAL = 1;
     (CUDA_ARRAY_MEMORY_REQUIREMENTS * memoryRequirements, CUarray array, CUdevice device))       \
   X(cuMipmappedArrayGetMemoryRequirements, (CUDA_ARRAY_MEMORY_REQUIREMENTS * memoryRequirements, \
                                             CUmipmappedArray mipmap, CUdevice device))           \
-  X(cuMemGetAddressRange_v2, (CUdeviceptr * pbase, std::size_t* psize, CUdeviceptr dptr))        \
+  X(cuMemGetAddressRange_v2, (CUdeviceptr * pbase, std::size_t * psize, CUdeviceptr dptr))       \
   X(cuMemcpyHtoD_v2, (CUdeviceptr dstDevice, const void* srcHost, std::size_t ByteCount))        \
   X(cuMemcpyDtoH_v2, (void* dstHost, CUdeviceptr srcDevice, std::size_t ByteCount))              \
   X(cuMemsetD8_v2, (CUdeviceptr dstDevice, unsigned char uc, std::size_t N))                     \

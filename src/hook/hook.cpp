@@ -62,7 +62,8 @@ const WrapperEntry kWrappers[] = {TESSERA_CUDA_HOOKED(TESSERA_CUDA_ENTRY)
 
 void* real_pointer(const WrapperEntry& entry) {
   void* slot;
-  std::memcpy(&slot, reinterpret_cast<const char*>(&storage.get()) + entry.real_offset, sizeof slot);
+  std::memcpy(&slot, reinterpret_cast<const char*>(&storage.get()) + entry.real_offset,
+              sizeof slot);
   return slot;
 }
 
@@ -114,7 +115,8 @@ constexpr VariantRule kVariantRules[] = {
     {"cuDevicePrimaryCtxReset", 11000, "cuDevicePrimaryCtxReset_v2", nullptr},
     {"cuLaunchKernel", 4000, "cuLaunchKernel", "cuLaunchKernel_ptsz"},
     {"cuLaunchKernelEx", 11060, "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"},
-    {"cuLaunchCooperativeKernel", 9000, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"},
+    {"cuLaunchCooperativeKernel", 9000, "cuLaunchCooperativeKernel",
+     "cuLaunchCooperativeKernel_ptsz"},
     {"cuGraphLaunch", 10000, "cuGraphLaunch", "cuGraphLaunch_ptsz"},
     {"cuLaunchHostFunc", 10000, "cuLaunchHostFunc", "cuLaunchHostFunc_ptsz"},
 };
@@ -204,7 +206,8 @@ void initialize() {
     return;
   }
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
-  log(LogLevel::info, "hook", "ready: %s", state.accounting ? "enforcing group limits" : "no limits");
+  log(LogLevel::info, "hook", "ready: %s",
+      state.accounting ? "enforcing group limits" : "no limits");
 }
 
 bool is_driver_library(const char* path) {

@@ -121,6 +121,6 @@ class TableLock {
 #define HOOK_EXPORT extern "C" __attribute__((visibility("default")))
 
 // Starts every CUDA wrapper: initialise, and fail closed if misconfigured.
-#define HOOK_ENTER()                                                          \
-  ::tessera::hook::Hook& state = ::tessera::hook::hook();                     \
+#define HOOK_ENTER()                                      \
+  ::tessera::hook::Hook& state = ::tessera::hook::hook(); \
   if (__builtin_expect(state.failed, 0)) return ::tessera::hook::failure_result()

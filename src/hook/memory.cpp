@@ -188,7 +188,8 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, CUmemoryPool
   {
     TableLock locked;
     state.pools.put(key, record);
-    if (result == CUDA_SUCCESS) state.allocations.put(*dptr, Charge{record.device, 0, nullptr, pool});
+    if (result == CUDA_SUCCESS)
+      state.allocations.put(*dptr, Charge{record.device, 0, nullptr, pool});
   }
   pthread_mutex_unlock(&state.pool_lock);
   return result;
@@ -223,53 +224,48 @@ void settle_pool_after_free(CUmemoryPool pool) {
   pthread_mutex_unlock(&state.pool_lock);
 }
 
-template <typename Free>
-CUresult free_tracked(CUdeviceptr dptr, Free free_call) {
-  Hook& state = hook();
-  Charge charge_record{};
-  bool tracked = false;
+// Takes handle's record out of table, then lets the driver release the handle; if the
+// driver refuses, the record goes back. `released` is set to the record if it was tracked
+// and is now gone. Taking the record first means an address the driver reuses at once
+// cannot be confused with the one being freed.
+template <typename Release>
+CUresult untrack(HandleTable<Charge>& table, std::uint64_t handle, Release release,
+                 Charge& released, bool& was_tracked) {
   {
     TableLock locked;
-    tracked = state.allocations.take(dptr, charge_record);
+    was_tracked = table.take(handle, released);
   }
-  const CUresult result = free_call();
+  const CUresult result = release();
+  if (was_tracked && result != CUDA_SUCCESS) {
+    record(table, handle, released);  // still allocated
+    was_tracked = false;
+  }
+  return result;
+}
+
+template <typename Free>
+CUresult free_tracked(CUdeviceptr dptr, Free free_call) {
+  Charge released{};
+  bool tracked = false;
+  const CUresult result = untrack(hook().allocations, dptr, free_call, released, tracked);
   if (!tracked) return result;
-  if (result != CUDA_SUCCESS) {
-    record(state.allocations, dptr, charge_record);  // still allocated
-    return result;
-  }
-  if (charge_record.pool != nullptr) {
-    settle_pool_after_free(charge_record.pool);
+  if (released.pool != nullptr) {
+    settle_pool_after_free(released.pool);
   } else {
-    uncharge(charge_record.device, charge_record.bytes);
+    uncharge(released.device, released.bytes);
   }
   return result;
 }
 
 // --- arrays ------------------------------------------------------------------------------
 
-std::uint64_t element_bytes(int format) {
-  switch (format) {
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-      return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-      return 4;
-    default:
-      return 1;
-  }
-}
-
 // A lower bound on an array's size: the driver adds padding that only it knows.
 std::uint64_t array_estimate(const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned levels) {
   std::uint64_t total = 0;
   std::uint64_t width = desc.Width, height = desc.Height, depth = desc.Depth;
   for (unsigned level = 0; level < levels; ++level) {
-    total += width * (height ? height : 1) * (depth ? depth : 1) * element_bytes(desc.Format) *
-             desc.NumChannels;
+    total += width * (height ? height : 1) * (depth ? depth : 1) *
+             static_cast<std::uint64_t>(array_format_bytes(desc.Format)) * desc.NumChannels;
     width = width > 1 ? width / 2 : 1;
     height = height > 1 ? height / 2 : height;
     depth = depth > 1 ? depth / 2 : depth;
@@ -298,20 +294,10 @@ CUresult create_array(std::uint64_t* handle, std::uint64_t estimate, Create crea
 
 template <typename Destroy>
 CUresult destroy_array(std::uint64_t handle, Destroy destroy) {
-  Hook& state = hook();
-  Charge charge_record{};
+  Charge released{};
   bool tracked = false;
-  {
-    TableLock locked;
-    tracked = state.arrays.take(handle, charge_record);
-  }
-  const CUresult result = destroy();
-  if (!tracked) return result;
-  if (result == CUDA_SUCCESS) {
-    uncharge(charge_record.device, charge_record.bytes);
-  } else {
-    record(state.arrays, handle, charge_record);
-  }
+  const CUresult result = untrack(hook().arrays, handle, destroy, released, tracked);
+  if (tracked) uncharge(released.device, released.bytes);
   return result;
 }
 
@@ -370,7 +356,8 @@ std::uint64_t configured_context_memory() {
   std::uint64_t bytes = 0;
   const char* value = std::getenv("TESSERA_CONTEXT_MEMORY");
   if (value != nullptr && !parse_size(value, bytes)) {
-    log(LogLevel::warn, "hook", "TESSERA_CONTEXT_MEMORY='%s' is not a size; charging nothing", value);
+    log(LogLevel::warn, "hook", "TESSERA_CONTEXT_MEMORY='%s' is not a size; charging nothing",
+        value);
     bytes = 0;
   }
   return bytes;
@@ -488,7 +475,8 @@ HOOK_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch, s
     return state.real.cuMemAllocPitch_v2(dptr, pitch, width, height, element_bytes);
   });
   if (result != CUDA_SUCCESS) return result;
-  const std::uint64_t actual = round_up(static_cast<std::uint64_t>(*pitch) * height, kAllocationUnit);
+  const std::uint64_t actual =
+      round_up(static_cast<std::uint64_t>(*pitch) * height, kAllocationUnit);
   if (!settle_charge(device, estimate, actual)) {
     state.real.cuMemFree_v2(*dptr);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -722,7 +710,8 @@ HOOK_EXPORT CUresult cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPT
   HOOK_ENTER();
   auto create = [&] { return state.real.cuArrayCreate_v2(handle, desc); };
   if (desc == nullptr) return create();
-  const CUDA_ARRAY3D_DESCRIPTOR as3d{desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 0};
+  const CUDA_ARRAY3D_DESCRIPTOR as3d{desc->Width,  desc->Height,      0,
+                                     desc->Format, desc->NumChannels, 0};
   return create_array(
       reinterpret_cast<std::uint64_t*>(handle), array_estimate(as3d, 1), create,
       [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* out, int device) {

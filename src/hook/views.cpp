@@ -2,6 +2,7 @@
 // usage (dead members excluded) as what is used. Free is what the group may still take,
 // never negative and never more than the device physically has free.
 #include <cstdio>
+#include <type_traits>
 
 #include "hook/hook.h"
 
@@ -42,9 +43,9 @@ int ordinal_of(nvmlDevice_t nvml_device) {
     const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
     char text[64];
     std::snprintf(text, sizeof text,
-                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-                  b[13], b[14], b[15]);
+                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                  b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                  b[14], b[15]);
     if (__builtin_strcmp(text, wanted) == 0) return ordinal;
   }
   return -1;
@@ -76,31 +77,34 @@ HOOK_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice device) {
   return result;
 }
 
-HOOK_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+namespace tessera::hook {
+namespace {
+
+// Both NVML memory structs carry total, free and used; v2 also a driver reservation, which
+// lies outside the group's slice.
+template <typename Memory, typename Query>
+nvmlReturn_t nvml_view(nvmlDevice_t device, Memory* memory, Query query) {
   Hook& state = hook();
-  if (state.nvml.nvmlDeviceGetMemoryInfo == nullptr) return NVML_ERROR_DRIVER_NOT_LOADED;
-  const nvmlReturn_t result = state.nvml.nvmlDeviceGetMemoryInfo(device, memory);
+  if (query == nullptr) return NVML_ERROR_DRIVER_NOT_LOADED;
+  const nvmlReturn_t result = query(device, memory);
   if (result != NVML_SUCCESS || state.failed || !state.accounting) return result;
   View view{};
   if (group_view(ordinal_of(device), memory->total, memory->free, view)) {
     memory->total = view.total;
     memory->free = view.free;
     memory->used = view.used;
+    if constexpr (std::is_same_v<Memory, nvmlMemory_v2_t>) memory->reserved = 0;
   }
   return result;
 }
 
+}  // namespace
+}  // namespace tessera::hook
+
+HOOK_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+  return nvml_view(device, memory, hook().nvml.nvmlDeviceGetMemoryInfo);
+}
+
 HOOK_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
-  Hook& state = hook();
-  if (state.nvml.nvmlDeviceGetMemoryInfo_v2 == nullptr) return NVML_ERROR_DRIVER_NOT_LOADED;
-  const nvmlReturn_t result = state.nvml.nvmlDeviceGetMemoryInfo_v2(device, memory);
-  if (result != NVML_SUCCESS || state.failed || !state.accounting) return result;
-  View view{};
-  if (group_view(ordinal_of(device), memory->total, memory->free, view)) {
-    memory->total = view.total;
-    memory->free = view.free;
-    memory->used = view.used;
-    memory->reserved = 0;  // the driver's reservation is outside the group's slice
-  }
-  return result;
+  return nvml_view(device, memory, hook().nvml.nvmlDeviceGetMemoryInfo_v2);
 }

@@ -55,9 +55,10 @@ bool Ledger::validate(const char* path, ErrorText& error) const {
     return error.set("%s: ledger geometry does not match this Tessera build", path);
   }
   if (file_->checksum != header_checksum(*file_)) {
-    return error.set("%s: ledger header checksum mismatch: the limits were modified or the file "
-                     "is corrupt; refusing to trust it",
-                     path);
+    return error.set(
+        "%s: ledger header checksum mismatch: the limits were modified or the file "
+        "is corrupt; refusing to trust it",
+        path);
   }
   int bad_slot = 0;
   if (!accounts_look_valid(file_->accounts, bad_slot)) {
@@ -89,10 +90,11 @@ bool Ledger::create_or_open(const char* path, const GroupSpec& spec, ErrorText& 
     if (file_->memory_limit[device] != spec.limits.memory_bytes[device]) {
       const unsigned long long existing = file_->memory_limit[device];
       close();
-      return error.set("%s: group exists with a memory limit of %llu bytes on device %d; this "
-                       "run asks for %llu",
-                       path, existing, device,
-                       static_cast<unsigned long long>(spec.limits.memory_bytes[device]));
+      return error.set(
+          "%s: group exists with a memory limit of %llu bytes on device %d; this "
+          "run asks for %llu",
+          path, existing, device,
+          static_cast<unsigned long long>(spec.limits.memory_bytes[device]));
     }
   }
   return true;
@@ -106,8 +108,8 @@ bool Ledger::open(const char* path, ErrorText& error) {
 
 bool Ledger::create_private(const GroupSpec& spec, ErrorText& error) {
   close();
-  return map_private_shared("tessera-ledger", sizeof(LedgerFile), initialize_file, &spec,
-                            mapping_, error) &&
+  return map_private_shared("tessera-ledger", sizeof(LedgerFile), initialize_file, &spec, mapping_,
+                            error) &&
          attach("private ledger", error);
 }
 

@@ -59,9 +59,10 @@ bool parse_device(std::string_view entry, const char* origin, int index, DeviceS
     if (model == candidate.model) preset = &candidate;
   }
   if (preset == nullptr) {
-    return error.set("%s: device %d: unknown model '%.*s' (known: H100, H200, A100, A100-80GB, "
-                     "A30, T4, V100)",
-                     origin, index, static_cast<int>(model.size()), model.data());
+    return error.set(
+        "%s: device %d: unknown model '%.*s' (known: H100, H200, A100, A100-80GB, "
+        "A30, T4, V100)",
+        origin, index, static_cast<int>(model.size()), model.data());
   }
   std::memset(&device, 0, sizeof device);
   copy_text(device.name, sizeof device.name, preset->name);
@@ -104,9 +105,10 @@ bool parse_device(std::string_view entry, const char* origin, int index, DeviceS
       }
       copy_text(device.uuid, sizeof device.uuid, value);
     } else {
-      return error.set("%s: device %d: unknown field '%.*s' (known: memory, sms, context, name, "
-                       "uuid)",
-                       origin, index, static_cast<int>(key.size()), key.data());
+      return error.set(
+          "%s: device %d: unknown field '%.*s' (known: memory, sms, context, name, "
+          "uuid)",
+          origin, index, static_cast<int>(key.size()), key.data());
     }
   }
   return true;
@@ -114,8 +116,7 @@ bool parse_device(std::string_view entry, const char* origin, int index, DeviceS
 
 }  // namespace
 
-bool parse_machine_spec(const char* text, const char* origin, MachineSpec& spec,
-                        ErrorText& error) {
+bool parse_machine_spec(const char* text, const char* origin, MachineSpec& spec, ErrorText& error) {
   spec.device_count = 0;
   std::string_view rest(text);
   while (!rest.empty()) {

@@ -140,7 +140,9 @@ CUresult machine_device(CUdevice ordinal, int& index) {
   return CUDA_SUCCESS;
 }
 
-const DeviceSpec& spec_of(int machine_index) { return machine().spec().devices[machine_index]; }
+const DeviceSpec& spec_of(int machine_index) {
+  return machine().spec().devices[machine_index];
+}
 
 void* map_host(std::uint64_t bytes, bool& mapped) {
   mapped = bytes > kSmallAllocation;
@@ -180,8 +182,8 @@ CUresult allocate_linear(CUdeviceptr* dptr, std::uint64_t bytes) {
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   const std::uint64_t charged = round_up(bytes, kAllocationUnit);
   if (!machine().charge(context->device, charged)) return CUDA_ERROR_OUT_OF_MEMORY;
-  const CUresult status =
-      record_allocation(dptr, bytes, Allocation{context, nullptr, context->device, charged, 0, false});
+  const CUresult status = record_allocation(
+      dptr, bytes, Allocation{context, nullptr, context->device, charged, 0, false});
   if (status != CUDA_SUCCESS) machine().uncharge(context->device, charged);
   return status;
 }
@@ -278,7 +280,8 @@ CUresult free_allocation(CUdeviceptr dptr) {
     if (!locked->allocations.take(dptr, allocation)) return CUDA_ERROR_INVALID_VALUE;
     if (Pool* pool = allocation.pool; pool != nullptr) {
       pool->used -= allocation.charged;
-      if (pool->destroy_pending && pool->used == 0) finish_pool_destroy_locked(*locked.operator->(), pool);
+      if (pool->destroy_pending && pool->used == 0)
+        finish_pool_destroy_locked(*locked.operator->(), pool);
     }
   }
   unmap_host(reinterpret_cast<void*>(dptr), allocation.host_bytes, allocation.host_mapped);
@@ -288,27 +291,9 @@ CUresult free_allocation(CUdeviceptr dptr) {
 
 // --- arrays ----------------------------------------------------------------------------
 
-int format_bytes(int format) {
-  switch (format) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-      return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-      return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-      return 4;
-    default:
-      return 0;
-  }
-}
-
 // Bytes an array takes on the device: rows padded to 512 bytes, the whole to 64 KiB.
 bool array_bytes(const CUDA_ARRAY3D_DESCRIPTOR& desc, std::uint64_t& bytes) {
-  const int element = format_bytes(desc.Format);
+  const int element = array_format_bytes(desc.Format);
   const unsigned channels = desc.NumChannels;
   if (element == 0 || (channels != 1 && channels != 2 && channels != 4) || desc.Width == 0) {
     return false;
@@ -336,9 +321,8 @@ CUresult create_array(std::uint64_t* handle, const CUDA_ARRAY3D_DESCRIPTOR& desc
   if (!machine().charge(context->device, total)) return CUDA_ERROR_OUT_OF_MEMORY;
   auto* token = static_cast<char*>(std::malloc(1));  // a unique handle value
   Lock locked;
-  if (token == nullptr ||
-      !locked->arrays.put(reinterpret_cast<std::uint64_t>(token),
-                          ArrayRecord{context, context->device, total})) {
+  if (token == nullptr || !locked->arrays.put(reinterpret_cast<std::uint64_t>(token),
+                                              ArrayRecord{context, context->device, total})) {
     std::free(token);
     machine().uncharge(context->device, total);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -431,7 +415,8 @@ void destroy_context(Context* context) {
   }
   machine().uncharge(context->device, spec_of(context->device).context_bytes);
   // A destroyed current context is popped, as cuCtxPopCurrent would.
-  if (current_context == context) current_context = context_depth > 0 ? context_stack[--context_depth] : nullptr;
+  if (current_context == context)
+    current_context = context_depth > 0 ? context_stack[--context_depth] : nullptr;
   std::free(context);
 }
 
@@ -453,7 +438,8 @@ bool is_live_context(CUcontext context) {
 // --- VMM -------------------------------------------------------------------------------
 
 CUresult check_allocation_prop(const CUmemAllocationProp* prop, int& device) {
-  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+    return CUDA_ERROR_INVALID_VALUE;
   switch (prop->location.type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
       return machine_device(prop->location.id, device);
@@ -791,7 +777,8 @@ SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   return free_allocation(dptr);
 }
 
-SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size, CUdeviceptr dptr) {
+SIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size,
+                                            CUdeviceptr dptr) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
   bool found = false;
   Lock locked;
@@ -853,7 +840,8 @@ SIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice ordinal, CUmemoryPool handle) {
   if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
   Lock locked;
   auto* pool = reinterpret_cast<Pool*>(handle);
-  if (locked->pools.find(reinterpret_cast<std::uint64_t>(pool)) == nullptr || pool->device != index) {
+  if (locked->pools.find(reinterpret_cast<std::uint64_t>(pool)) == nullptr ||
+      pool->device != index) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   locked->current_pool[ordinal] = pool;
@@ -971,8 +959,8 @@ SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, std::size_t bytes, CUstre
 SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, std::size_t bytes, CUstream stream) {
   return allocate_async(dptr, bytes, stream);
 }
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, std::size_t bytes,
-                                            CUmemoryPool pool, CUstream) {
+SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, std::size_t bytes, CUmemoryPool pool,
+                                            CUstream) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
   return allocate_from_pool(dptr, bytes, reinterpret_cast<Pool*>(pool));
 }
@@ -980,7 +968,9 @@ SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, std::size_t 
                                                  CUmemoryPool pool, CUstream stream) {
   return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
 }
-SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream) { return free_allocation(dptr); }
+SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream) {
+  return free_allocation(dptr);
+}
 SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream) {
   return free_allocation(dptr);
 }
@@ -1006,7 +996,9 @@ SIM_EXPORT CUresult cuStreamSynchronize(CUstream) {
   release_pools_on_sync();
   return CUDA_SUCCESS;
 }
-SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
+SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+  return cuStreamSynchronize(stream);
+}
 SIM_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
@@ -1165,8 +1157,9 @@ SIM_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, std::size_t size, const CUme
   return CUDA_SUCCESS;
 }
 
-SIM_EXPORT CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
-                                                 int type, unsigned long long) {
+SIM_EXPORT CUresult cuMemExportToShareableHandle(void* shareable,
+                                                 CUmemGenericAllocationHandle handle, int type,
+                                                 unsigned long long) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
   Lock locked;
@@ -1188,8 +1181,12 @@ SIM_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle*
   }
   auto* record = static_cast<VmmHandle*>(std::calloc(1, sizeof(VmmHandle)));
   if (record == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  *record = VmmHandle{device_of_memfd(fd), static_cast<std::uint64_t>(status.st_size),
-                      fcntl(fd, F_DUPFD_CLOEXEC, 0), false, false, 0};
+  *record = VmmHandle{device_of_memfd(fd),
+                      static_cast<std::uint64_t>(status.st_size),
+                      fcntl(fd, F_DUPFD_CLOEXEC, 0),
+                      false,
+                      false,
+                      0};
   Lock locked;
   locked->vmm_handles.put(reinterpret_cast<std::uint64_t>(record), record);
   *handle = reinterpret_cast<std::uint64_t>(record);
@@ -1204,7 +1201,8 @@ SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* 
   if (record == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::memset(prop, 0, sizeof *prop);
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop->location.type = record->device >= 0 ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+  prop->location.type =
+      record->device >= 0 ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
   for (int ordinal = 0; ordinal < locked->device_count; ++ordinal) {
     if (locked->machine_index[ordinal] == record->device) prop->location.id = ordinal;
   }
@@ -1215,7 +1213,8 @@ SIM_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* 
 
 SIM_EXPORT CUresult cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
   if (desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  const CUDA_ARRAY3D_DESCRIPTOR as3d{desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 0};
+  const CUDA_ARRAY3D_DESCRIPTOR as3d{desc->Width,  desc->Height,      0,
+                                     desc->Format, desc->NumChannels, 0};
   return create_array(reinterpret_cast<std::uint64_t*>(handle), as3d, 1);
 }
 SIM_EXPORT CUresult cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
@@ -1275,8 +1274,8 @@ SIM_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, 
 }
 SIM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void**, void**) {
   if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return validate_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ,
-                         config->blockDimX, config->blockDimY, config->blockDimZ);
+  return validate_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                         config->blockDimY, config->blockDimZ);
 }
 SIM_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** p,
                                           void** e) {
@@ -1335,7 +1334,8 @@ SIM_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
   return CUDA_SUCCESS;
 }
 
-// --- errors ---------------------------------------------------------------------------------------
+// --- errors
+// ---------------------------------------------------------------------------------------
 
 namespace {
 struct ErrorName {

@@ -54,9 +54,10 @@ bool Machine::attach(ErrorText& error) {
   }
   if (std::memcmp(&file->spec, &spec, sizeof spec) != 0) {
     mapping_.close();
-    return error.set("%s: was made for a different device list; set TESSERA_SIM_STATE to a new "
-                     "path or remove the file",
-                     path);
+    return error.set(
+        "%s: was made for a different device list; set TESSERA_SIM_STATE to a new "
+        "path or remove the file",
+        path);
   }
   accounts_.attach(&file->accounts, mapping_.fd);
   if (!accounts_.join(error)) {

@@ -29,7 +29,9 @@ nvmlReturn_t device_index(nvmlDevice_t device, int& index) {
   return NVML_SUCCESS;
 }
 
-nvmlDevice_t handle_of(int index) { return reinterpret_cast<nvmlDevice_t>(&device_handles[index]); }
+nvmlDevice_t handle_of(int index) {
+  return reinterpret_cast<nvmlDevice_t>(&device_handles[index]);
+}
 
 nvmlReturn_t copy_string(char* out, unsigned length, const char* text) {
   if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
@@ -43,7 +45,9 @@ nvmlReturn_t copy_string(char* out, unsigned length, const char* text) {
 #define SIM_EXPORT extern "C" __attribute__((visibility("default")))
 
 // Lets tools tell the simulated NVML from NVIDIA's.
-SIM_EXPORT const char* tesseraSimulatedGpu() { return "Tessera simulated GPU"; }
+SIM_EXPORT const char* tesseraSimulatedGpu() {
+  return "Tessera simulated GPU";
+}
 
 SIM_EXPORT nvmlReturn_t nvmlInit_v2() {
   tessera::ErrorText error;
@@ -54,8 +58,12 @@ SIM_EXPORT nvmlReturn_t nvmlInit_v2() {
   initialized = true;
   return NVML_SUCCESS;
 }
-SIM_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int) { return nvmlInit_v2(); }
-SIM_EXPORT nvmlReturn_t nvmlShutdown() { return NVML_SUCCESS; }
+SIM_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int) {
+  return nvmlInit_v2();
+}
+SIM_EXPORT nvmlReturn_t nvmlShutdown() {
+  return NVML_SUCCESS;
+}
 
 SIM_EXPORT const char* nvmlErrorString(nvmlReturn_t result) {
   switch (result) {

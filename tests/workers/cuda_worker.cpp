@@ -66,8 +66,8 @@ unsigned long long driver_process_usage() {
 void print_view(const char* prefix) {
   std::size_t free = 0, total = 0;
   check(cuMemGetInfo_v2(&free, &total), "cuMemGetInfo");
-  std::printf("%sfree=%zu\n%stotal=%zu\n%sdriver_used=%llu\n", prefix, free, prefix, total,
-              prefix, driver_process_usage());
+  std::printf("%sfree=%zu\n%stotal=%zu\n%sdriver_used=%llu\n", prefix, free, prefix, total, prefix,
+              driver_process_usage());
 }
 
 // Allocates `bytes` through one named path; prints result=<CUresult>. Leaves it allocated
@@ -166,7 +166,8 @@ int allocate_via(const std::string& path, std::size_t bytes, bool keep) {
 }
 
 using AllocFunction = CUresult (*)(CUdeviceptr*, std::size_t);
-using GetProcV2 = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+using GetProcV2 = CUresult (*)(const char*, void**, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult*);
 
 // Finds cuMemAlloc through one of the ways programs reach the driver.
 AllocFunction find_alloc(const std::string& mode) {
@@ -320,11 +321,13 @@ int nvml_view() {
   start();
   check(nvmlInit_v2() == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, "nvmlInit");
   nvmlDevice_t device = nullptr;
-  check(nvmlDeviceGetHandleByIndex_v2(0, &device) == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN,
-        "nvmlDeviceGetHandleByIndex");
+  check(
+      nvmlDeviceGetHandleByIndex_v2(0, &device) == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN,
+      "nvmlDeviceGetHandleByIndex");
   nvmlMemory_t memory{};
-  check(nvmlDeviceGetMemoryInfo(device, &memory) == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN,
-        "nvmlDeviceGetMemoryInfo");
+  check(
+      nvmlDeviceGetMemoryInfo(device, &memory) == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN,
+      "nvmlDeviceGetMemoryInfo");
   std::printf("nvml_total=%llu\nnvml_free=%llu\nnvml_used=%llu\n", memory.total, memory.free,
               memory.used);
   nvmlMemory_v2_t memory2{};
