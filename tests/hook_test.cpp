@@ -243,6 +243,24 @@ TEST(Hook, ViewsShowTheSliceInCudaAndNvml) {
   EXPECT_EQ(info.number("device_total"), kLimit);
 }
 
+TEST(Hook, NvmlListsOnlyTheGroupsOwnProcesses) {
+  ScratchDirectory scratch;
+  ScratchDirectory other;
+  Running neighbour({worker(), "hold", std::to_string(100 * kMiB)},
+                    hooked(scratch, {{"TESSERA_LEDGER", make_group(other, kLimit)}}));
+  ASSERT_EQ(neighbour.read_line(), "result=0");
+  const Finished inside = run({worker(), "processes", std::to_string(10 * kMiB)},
+                              hooked(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}}));
+  EXPECT_EQ(inside.value("status"), "0");
+  EXPECT_EQ(inside.value("processes"), "1");
+  EXPECT_EQ(inside.value("pid"), inside.value("self"));
+  const Finished outside =
+      run({worker(), "processes", std::to_string(10 * kMiB)}, unhooked(scratch));
+  EXPECT_EQ(outside.value("processes"), "2");  // the host's view: both processes
+  neighbour.close_stdin();
+  neighbour.wait();
+}
+
 TEST(Hook, WithoutALimitEveryCallPassesThrough) {
   ScratchDirectory scratch;
   const Finished plain = run({worker(), "info"}, unhooked(scratch));

@@ -162,6 +162,19 @@ int MemberAccounts::live_members() {
   return live;
 }
 
+int MemberAccounts::live_pids(std::int32_t* pids, int capacity) {
+  lock();
+  reap_dead_locked();
+  int count = 0;
+  for (const MemberAccount& member : accounts_->members) {
+    if (member.state.load(std::memory_order_relaxed) != kMemberLive) continue;
+    if (count < capacity) pids[count] = member.pid;
+    ++count;
+  }
+  unlock();
+  return count;
+}
+
 int MemberAccounts::list_members(int device, std::int32_t* pids, std::uint64_t* used,
                                  int capacity) {
   lock();

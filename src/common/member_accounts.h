@@ -72,6 +72,8 @@ class MemberAccounts {
   AccountsUsage usage(int device);  // reclaims dead members first
   std::uint64_t member_used(int device) const;
   int live_members();
+  // Fills pids with the live members' PIDs; returns how many there are.
+  int live_pids(std::int32_t* pids, int capacity);
   // Fills pids/used (for NVML's process list) with live members holding bytes on device.
   int list_members(int device, std::int32_t* pids, std::uint64_t* used, int capacity);
 

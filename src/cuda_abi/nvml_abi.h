@@ -43,9 +43,11 @@ inline constexpr int NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96;
 inline constexpr int NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96;
 inline constexpr int NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
 
-#define TESSERA_NVML_HOOKED(X)                                             \
-  X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t * memory)) \
-  X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t * memory))
+#define TESSERA_NVML_HOOKED(X)                                                   \
+  X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t * memory))       \
+  X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t * memory)) \
+  X(nvmlDeviceGetComputeRunningProcesses_v3,                                     \
+    (nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos))
 
 #define TESSERA_NVML_PASSTHROUGH(X)                                            \
   X(nvmlInit_v2, ())                                                           \
@@ -57,9 +59,7 @@ inline constexpr int NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
   X(nvmlDeviceGetHandleByUUID, (const char* uuid, nvmlDevice_t* device))       \
   X(nvmlDeviceGetIndex, (nvmlDevice_t device, unsigned int* index))            \
   X(nvmlDeviceGetName, (nvmlDevice_t device, char* name, unsigned int length)) \
-  X(nvmlDeviceGetUUID, (nvmlDevice_t device, char* uuid, unsigned int length)) \
-  X(nvmlDeviceGetComputeRunningProcesses_v3,                                   \
-    (nvmlDevice_t device, unsigned int* infoCount, nvmlProcessInfo_t* infos))
+  X(nvmlDeviceGetUUID, (nvmlDevice_t device, char* uuid, unsigned int length))
 
 #define TESSERA_DECLARE_NVML_PFN(name, params) using PFN_##name = nvmlReturn_t(*) params;
 TESSERA_NVML_HOOKED(TESSERA_DECLARE_NVML_PFN)

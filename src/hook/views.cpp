@@ -108,3 +108,32 @@ HOOK_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 HOOK_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
   return nvml_view(device, memory, hook().nvml.nvmlDeviceGetMemoryInfo_v2);
 }
+
+// nvidia-smi inside a slice lists the group's own processes only.
+HOOK_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                                 unsigned int* count,
+                                                                 nvmlProcessInfo_t* infos) {
+  Hook& state = hook();
+  const auto query = state.nvml.nvmlDeviceGetComputeRunningProcesses_v3;
+  if (query == nullptr) return NVML_ERROR_DRIVER_NOT_LOADED;
+  if (state.failed || !state.accounting || count == nullptr) return query(device, count, infos);
+  nvmlProcessInfo_t all[512];
+  unsigned found = 512;
+  const nvmlReturn_t result = query(device, &found, all);
+  if (result != NVML_SUCCESS) return result;
+  std::int32_t members[tessera::kMaxMembers];
+  const int member_count = state.ledger.live_pids(members, tessera::kMaxMembers);
+  unsigned kept = 0;
+  for (unsigned i = 0; i < found; ++i) {
+    bool in_group = false;
+    for (int m = 0; m < member_count && m < tessera::kMaxMembers; ++m) {
+      in_group = in_group || static_cast<unsigned>(members[m]) == all[i].pid;
+    }
+    if (in_group) all[kept++] = all[i];
+  }
+  const unsigned capacity = *count;
+  *count = kept;
+  if (kept > capacity || (kept > 0 && infos == nullptr)) return NVML_ERROR_INSUFFICIENT_SIZE;
+  for (unsigned i = 0; i < kept; ++i) infos[i] = all[i];
+  return NVML_SUCCESS;
+}

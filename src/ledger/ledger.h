@@ -80,6 +80,7 @@ class Ledger {
   DeviceUsage usage(int device);
   std::uint64_t member_used(int device) const { return accounts_.member_used(device); }
   int live_members() { return accounts_.live_members(); }
+  int live_pids(std::int32_t* pids, int capacity) { return accounts_.live_pids(pids, capacity); }
   std::uint64_t context_estimate(int device) const {
     return file_->context_bytes[device].load(std::memory_order_relaxed);
   }

@@ -394,6 +394,21 @@ int main(int argc, char** argv) {
   }
   if (command == "fill" && argc >= 3) return fill(number(2));
   if (command == "pool-cache" && argc >= 3) return pool_cache(number(2));
+  if (command == "processes" && argc >= 3) {  // NVML's process list, holding BYTES
+    start();
+    CUdeviceptr p = 0;
+    check(cuMemAlloc_v2(&p, number(2)), "cuMemAlloc");
+    check(nvmlInit_v2() == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, "nvmlInit");
+    nvmlDevice_t device = nullptr;
+    nvmlDeviceGetHandleByIndex_v2(0, &device);
+    nvmlProcessInfo_t infos[64];
+    unsigned count = 64;
+    const nvmlReturn_t status = nvmlDeviceGetComputeRunningProcesses_v3(device, &count, infos);
+    std::printf("status=%d\nprocesses=%u\n", status, count);
+    for (unsigned i = 0; i < count; ++i) std::printf("pid=%u\n", infos[i].pid);
+    std::printf("self=%d\n", getpid());
+    return 0;
+  }
   if (command == "nvml" && argc >= 3) {  // NVML's view, with BYTES held through CUDA
     start();
     CUdeviceptr p = 0;
