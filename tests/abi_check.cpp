@@ -64,128 +64,146 @@ constexpr bool compatible() {
 }
 
 #define SIGNATURE(ours, theirs) \
-  EXPECT_TRUE((compatible<t::PFN_##ours, ::theirs>())) << #ours " differs from " #theirs;
+  EXPECT_TRUE((compatible<t::PFN_##ours, ::theirs>())) << #ours " differs from " #theirs
 
-TEST(AbiCheck, EntryPointsMatchNvidiasTypedefs){
-    SIGNATURE(cuInit, PFN_cuInit_v2000)
-        SIGNATURE(cuGetProcAddress, PFN_cuGetProcAddress_v11030)
-            SIGNATURE(cuGetProcAddress_v2, PFN_cuGetProcAddress_v12000)
-                SIGNATURE(cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020)
-                    SIGNATURE(cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020)
-                        SIGNATURE(cuMemAlloc_v2, PFN_cuMemAlloc_v3020)
-                            SIGNATURE(cuMemAllocPitch_v2, PFN_cuMemAllocPitch_v3020)
-                                SIGNATURE(cuMemAllocManaged, PFN_cuMemAllocManaged_v6000) SIGNATURE(cuMemFree_v2, PFN_cuMemFree_v3020) SIGNATURE(cuMemAllocAsync, PFN_cuMemAllocAsync_v11020) SIGNATURE(cuMemAllocAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz) SIGNATURE(cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020) SIGNATURE(cuMemAllocFromPoolAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz) SIGNATURE(cuMemFreeAsync,
-                                                                                                                                                                                                                                                                                                                                                                                                                                 PFN_cuMemFreeAsync_v11020) SIGNATURE(cuMemFreeAsync_ptsz,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                      PFN_cuMemFreeAsync_v11020_ptsz) SIGNATURE(cuMemPoolTrimTo, PFN_cuMemPoolTrimTo_v11020) SIGNATURE(cuMemPoolSetAttribute, PFN_cuMemPoolSetAttribute_v11020) SIGNATURE(cuMemPoolDestroy, PFN_cuMemPoolDestroy_v11020) SIGNATURE(cuStreamSynchronize,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                   PFN_cuStreamSynchronize_v2000) SIGNATURE(cuStreamSynchronize_ptsz,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                            PFN_cuStreamSynchronize_v7000_ptsz) SIGNATURE(cuEventSynchronize,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                          PFN_cuEventSynchronize_v2000) SIGNATURE(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000) SIGNATURE(cuMemCreate, PFN_cuMemCreate_v10020) SIGNATURE(cuMemRelease, PFN_cuMemRelease_v10020) SIGNATURE(cuMemMap,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                          PFN_cuMemMap_v10020) SIGNATURE(cuMemUnmap,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                         PFN_cuMemUnmap_v10020) SIGNATURE(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020) SIGNATURE(cuArrayCreate_v2, PFN_cuArrayCreate_v3020) SIGNATURE(cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020) SIGNATURE(cuArrayDestroy, PFN_cuArrayDestroy_v2000) SIGNATURE(cuMipmappedArrayCreate, PFN_cuMipmappedArrayCreate_v5000) SIGNATURE(cuMipmappedArrayDestroy,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                     PFN_cuMipmappedArrayDestroy_v5000) SIGNATURE(cuCtxCreate_v2,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                  PFN_cuCtxCreate_v3020) SIGNATURE(cuCtxCreate_v3,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                   PFN_cuCtxCreate_v11040) SIGNATURE(cuCtxCreate_v4, PFN_cuCtxCreate_v12050) SIGNATURE(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000) SIGNATURE(cuDevicePrimaryCtxRetain,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                          PFN_cuDevicePrimaryCtxRetain_v7000) SIGNATURE(cuDevicePrimaryCtxRelease_v2,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                        PFN_cuDevicePrimaryCtxRelease_v11000) SIGNATURE(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000) SIGNATURE(cuLaunchKernel,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                  PFN_cuLaunchKernel_v4000) SIGNATURE(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz) SIGNATURE(cuLaunchKernelEx,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                    PFN_cuLaunchKernelEx_v11060) SIGNATURE(cuLaunchKernelEx_ptsz,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                           PFN_cuLaunchKernelEx_v11060_ptsz) SIGNATURE(cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000) SIGNATURE(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz) SIGNATURE(cuGraphLaunch,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                     PFN_cuGraphLaunch_v10000) SIGNATURE(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz) SIGNATURE(cuLaunchHostFunc, PFN_cuLaunchHostFunc_v10000) SIGNATURE(cuLaunchHostFunc_ptsz,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                               PFN_cuLaunchHostFunc_v10000_ptsz) SIGNATURE(cuDriverGetVersion, PFN_cuDriverGetVersion_v2020) SIGNATURE(cuDeviceGet, PFN_cuDeviceGet_v2000) SIGNATURE(cuDeviceGetCount, PFN_cuDeviceGetCount_v2000) SIGNATURE(cuDeviceGetName,
-                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                                             PFN_cuDeviceGetName_v2000)
-                                    SIGNATURE(cuDeviceGetUuid, PFN_cuDeviceGetUuid_v9020) SIGNATURE(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040) SIGNATURE(
-                                        cuDeviceGetAttribute,
-                                        PFN_cuDeviceGetAttribute_v2000) SIGNATURE(cuDeviceGetPCIBusId, PFN_cuDeviceGetPCIBusId_v4010) SIGNATURE(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000)
-                                        SIGNATURE(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000) SIGNATURE(cuCtxSetCurrent, PFN_cuCtxSetCurrent_v4000) SIGNATURE(
-                                            cuCtxPushCurrent_v2,
-                                            PFN_cuCtxPushCurrent_v4000) SIGNATURE(cuCtxPopCurrent_v2, PFN_cuCtxPopCurrent_v4000)
-                                            SIGNATURE(cuDeviceGetMemPool, PFN_cuDeviceGetMemPool_v11020) SIGNATURE(
-                                                cuDeviceGetDefaultMemPool,
-                                                PFN_cuDeviceGetDefaultMemPool_v11020) SIGNATURE(cuDeviceSetMemPool, PFN_cuDeviceSetMemPool_v11020)
-                                                SIGNATURE(cuMemPoolCreate, PFN_cuMemPoolCreate_v11020) SIGNATURE(
-                                                    cuMemPoolGetAttribute,
-                                                    PFN_cuMemPoolGetAttribute_v11020) SIGNATURE(cuMemGetAllocationGranularity, PFN_cuMemGetAllocationGranularity_v10020)
-                                                    SIGNATURE(cuMemAddressReserve, PFN_cuMemAddressReserve_v10020) SIGNATURE(
-                                                        cuMemAddressFree,
-                                                        PFN_cuMemAddressFree_v10020) SIGNATURE(cuMemSetAccess,
-                                                                                               PFN_cuMemSetAccess_v10020)
-                                                        SIGNATURE(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020) SIGNATURE(
-                                                            cuMemGetAllocationPropertiesFromHandle,
-                                                            PFN_cuMemGetAllocationPropertiesFromHandle_v10020)
-                                                            SIGNATURE(cuArrayGetMemoryRequirements, PFN_cuArrayGetMemoryRequirements_v11060) SIGNATURE(
-                                                                cuMipmappedArrayGetMemoryRequirements,
-                                                                PFN_cuMipmappedArrayGetMemoryRequirements_v11060) SIGNATURE(cuMemGetAddressRange_v2,
-                                                                                                                            PFN_cuMemGetAddressRange_v3020)
-                                                                SIGNATURE(cuMemcpyHtoD_v2, PFN_cuMemcpyHtoD_v3020) SIGNATURE(
-                                                                    cuMemcpyDtoH_v2,
-                                                                    PFN_cuMemcpyDtoH_v3020) SIGNATURE(cuMemsetD8_v2, PFN_cuMemsetD8_v3020)
-                                                                    SIGNATURE(cuStreamCreate, PFN_cuStreamCreate_v2000) SIGNATURE(
-                                                                        cuStreamDestroy_v2,
-                                                                        PFN_cuStreamDestroy_v4000) SIGNATURE(cuEventCreate,
-                                                                                                             PFN_cuEventCreate_v2000)
-                                                                        SIGNATURE(cuEventRecord, PFN_cuEventRecord_v2000) SIGNATURE(
-                                                                            cuEventDestroy_v2,
-                                                                            PFN_cuEventDestroy_v4000)
-                                                                            SIGNATURE(cuModuleLoadData, PFN_cuModuleLoadData_v2000) SIGNATURE(
-                                                                                cuModuleGetFunction,
-                                                                                PFN_cuModuleGetFunction_v2000)
-                                                                                SIGNATURE(
-                                                                                    cuModuleUnload,
-                                                                                    PFN_cuModuleUnload_v2000)
-                                                                                    SIGNATURE(
-                                                                                        cuGraphCreate,
-                                                                                        PFN_cuGraphCreate_v10000)
-                                                                                        SIGNATURE(
-                                                                                            cuGraphInstantiateWithFlags,
-                                                                                            PFN_cuGraphInstantiateWithFlags_v11040)
-                                                                                            SIGNATURE(
-                                                                                                cuGraphExecDestroy,
-                                                                                                PFN_cuGraphExecDestroy_v10000)
-                                                                                                SIGNATURE(
-                                                                                                    cuGraphDestroy,
-                                                                                                    PFN_cuGraphDestroy_v10000)
-                                                                                                    SIGNATURE(
-                                                                                                        cuGetErrorString,
-                                                                                                        PFN_cuGetErrorString_v6000)
-                                                                                                        SIGNATURE(
-                                                                                                            cuGetErrorName,
-                                                                                                            PFN_cuGetErrorName_v6000)}
+TEST(AbiCheck, EntryPointsMatchNvidiasTypedefs) {
+  SIGNATURE(cuInit, PFN_cuInit_v2000);
+  SIGNATURE(cuGetProcAddress, PFN_cuGetProcAddress_v11030);
+  SIGNATURE(cuGetProcAddress_v2, PFN_cuGetProcAddress_v12000);
+  SIGNATURE(cuMemGetInfo_v2, PFN_cuMemGetInfo_v3020);
+  SIGNATURE(cuDeviceTotalMem_v2, PFN_cuDeviceTotalMem_v3020);
+  SIGNATURE(cuMemAlloc_v2, PFN_cuMemAlloc_v3020);
+  SIGNATURE(cuMemAllocPitch_v2, PFN_cuMemAllocPitch_v3020);
+  SIGNATURE(cuMemAllocManaged, PFN_cuMemAllocManaged_v6000);
+  SIGNATURE(cuMemFree_v2, PFN_cuMemFree_v3020);
+  SIGNATURE(cuMemAllocAsync, PFN_cuMemAllocAsync_v11020);
+  SIGNATURE(cuMemAllocAsync_ptsz, PFN_cuMemAllocAsync_v11020_ptsz);
+  SIGNATURE(cuMemAllocFromPoolAsync, PFN_cuMemAllocFromPoolAsync_v11020);
+  SIGNATURE(cuMemAllocFromPoolAsync_ptsz, PFN_cuMemAllocFromPoolAsync_v11020_ptsz);
+  SIGNATURE(cuMemFreeAsync, PFN_cuMemFreeAsync_v11020);
+  SIGNATURE(cuMemFreeAsync_ptsz, PFN_cuMemFreeAsync_v11020_ptsz);
+  SIGNATURE(cuMemPoolTrimTo, PFN_cuMemPoolTrimTo_v11020);
+  SIGNATURE(cuMemPoolSetAttribute, PFN_cuMemPoolSetAttribute_v11020);
+  SIGNATURE(cuMemPoolDestroy, PFN_cuMemPoolDestroy_v11020);
+  SIGNATURE(cuStreamSynchronize, PFN_cuStreamSynchronize_v2000);
+  SIGNATURE(cuStreamSynchronize_ptsz, PFN_cuStreamSynchronize_v7000_ptsz);
+  SIGNATURE(cuEventSynchronize, PFN_cuEventSynchronize_v2000);
+  SIGNATURE(cuCtxSynchronize, PFN_cuCtxSynchronize_v2000);
+  SIGNATURE(cuMemCreate, PFN_cuMemCreate_v10020);
+  SIGNATURE(cuMemRelease, PFN_cuMemRelease_v10020);
+  SIGNATURE(cuMemMap, PFN_cuMemMap_v10020);
+  SIGNATURE(cuMemUnmap, PFN_cuMemUnmap_v10020);
+  SIGNATURE(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020);
+  SIGNATURE(cuArrayCreate_v2, PFN_cuArrayCreate_v3020);
+  SIGNATURE(cuArray3DCreate_v2, PFN_cuArray3DCreate_v3020);
+  SIGNATURE(cuArrayDestroy, PFN_cuArrayDestroy_v2000);
+  SIGNATURE(cuMipmappedArrayCreate, PFN_cuMipmappedArrayCreate_v5000);
+  SIGNATURE(cuMipmappedArrayDestroy, PFN_cuMipmappedArrayDestroy_v5000);
+  SIGNATURE(cuCtxCreate_v2, PFN_cuCtxCreate_v3020);
+  SIGNATURE(cuCtxCreate_v3, PFN_cuCtxCreate_v11040);
+  SIGNATURE(cuCtxCreate_v4, PFN_cuCtxCreate_v12050);
+  SIGNATURE(cuCtxDestroy_v2, PFN_cuCtxDestroy_v4000);
+  SIGNATURE(cuDevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000);
+  SIGNATURE(cuDevicePrimaryCtxRelease_v2, PFN_cuDevicePrimaryCtxRelease_v11000);
+  SIGNATURE(cuDevicePrimaryCtxReset_v2, PFN_cuDevicePrimaryCtxReset_v11000);
+  SIGNATURE(cuLaunchKernel, PFN_cuLaunchKernel_v4000);
+  SIGNATURE(cuLaunchKernel_ptsz, PFN_cuLaunchKernel_v7000_ptsz);
+  SIGNATURE(cuLaunchKernelEx, PFN_cuLaunchKernelEx_v11060);
+  SIGNATURE(cuLaunchKernelEx_ptsz, PFN_cuLaunchKernelEx_v11060_ptsz);
+  SIGNATURE(cuLaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000);
+  SIGNATURE(cuLaunchCooperativeKernel_ptsz, PFN_cuLaunchCooperativeKernel_v9000_ptsz);
+  SIGNATURE(cuGraphLaunch, PFN_cuGraphLaunch_v10000);
+  SIGNATURE(cuGraphLaunch_ptsz, PFN_cuGraphLaunch_v10000_ptsz);
+  SIGNATURE(cuLaunchHostFunc, PFN_cuLaunchHostFunc_v10000);
+  SIGNATURE(cuLaunchHostFunc_ptsz, PFN_cuLaunchHostFunc_v10000_ptsz);
+  SIGNATURE(cuDriverGetVersion, PFN_cuDriverGetVersion_v2020);
+  SIGNATURE(cuDeviceGet, PFN_cuDeviceGet_v2000);
+  SIGNATURE(cuDeviceGetCount, PFN_cuDeviceGetCount_v2000);
+  SIGNATURE(cuDeviceGetName, PFN_cuDeviceGetName_v2000);
+  SIGNATURE(cuDeviceGetUuid, PFN_cuDeviceGetUuid_v9020);
+  SIGNATURE(cuDeviceGetUuid_v2, PFN_cuDeviceGetUuid_v11040);
+  SIGNATURE(cuDeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000);
+  SIGNATURE(cuDeviceGetPCIBusId, PFN_cuDeviceGetPCIBusId_v4010);
+  SIGNATURE(cuCtxGetDevice, PFN_cuCtxGetDevice_v2000);
+  SIGNATURE(cuCtxGetCurrent, PFN_cuCtxGetCurrent_v4000);
+  SIGNATURE(cuCtxSetCurrent, PFN_cuCtxSetCurrent_v4000);
+  SIGNATURE(cuCtxPushCurrent_v2, PFN_cuCtxPushCurrent_v4000);
+  SIGNATURE(cuCtxPopCurrent_v2, PFN_cuCtxPopCurrent_v4000);
+  SIGNATURE(cuDeviceGetMemPool, PFN_cuDeviceGetMemPool_v11020);
+  SIGNATURE(cuDeviceGetDefaultMemPool, PFN_cuDeviceGetDefaultMemPool_v11020);
+  SIGNATURE(cuDeviceSetMemPool, PFN_cuDeviceSetMemPool_v11020);
+  SIGNATURE(cuMemPoolCreate, PFN_cuMemPoolCreate_v11020);
+  SIGNATURE(cuMemPoolGetAttribute, PFN_cuMemPoolGetAttribute_v11020);
+  SIGNATURE(cuMemGetAllocationGranularity, PFN_cuMemGetAllocationGranularity_v10020);
+  SIGNATURE(cuMemAddressReserve, PFN_cuMemAddressReserve_v10020);
+  SIGNATURE(cuMemAddressFree, PFN_cuMemAddressFree_v10020);
+  SIGNATURE(cuMemSetAccess, PFN_cuMemSetAccess_v10020);
+  SIGNATURE(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020);
+  SIGNATURE(cuMemGetAllocationPropertiesFromHandle,
+            PFN_cuMemGetAllocationPropertiesFromHandle_v10020);
+  SIGNATURE(cuArrayGetMemoryRequirements, PFN_cuArrayGetMemoryRequirements_v11060);
+  SIGNATURE(cuMipmappedArrayGetMemoryRequirements,
+            PFN_cuMipmappedArrayGetMemoryRequirements_v11060);
+  SIGNATURE(cuMemGetAddressRange_v2, PFN_cuMemGetAddressRange_v3020);
+  SIGNATURE(cuMemcpyHtoD_v2, PFN_cuMemcpyHtoD_v3020);
+  SIGNATURE(cuMemcpyDtoH_v2, PFN_cuMemcpyDtoH_v3020);
+  SIGNATURE(cuMemsetD8_v2, PFN_cuMemsetD8_v3020);
+  SIGNATURE(cuStreamCreate, PFN_cuStreamCreate_v2000);
+  SIGNATURE(cuStreamDestroy_v2, PFN_cuStreamDestroy_v4000);
+  SIGNATURE(cuEventCreate, PFN_cuEventCreate_v2000);
+  SIGNATURE(cuEventRecord, PFN_cuEventRecord_v2000);
+  SIGNATURE(cuEventDestroy_v2, PFN_cuEventDestroy_v4000);
+  SIGNATURE(cuEventQuery, PFN_cuEventQuery_v2000);
+  SIGNATURE(cuEventElapsedTime, PFN_cuEventElapsedTime_v2000);
+  SIGNATURE(cuStreamQuery, PFN_cuStreamQuery_v2000);
+  SIGNATURE(cuStreamWaitEvent, PFN_cuStreamWaitEvent_v3020);
+  SIGNATURE(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010);
+  SIGNATURE(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000);
+  SIGNATURE(cuModuleLoadData, PFN_cuModuleLoadData_v2000);
+  SIGNATURE(cuModuleGetFunction, PFN_cuModuleGetFunction_v2000);
+  SIGNATURE(cuModuleUnload, PFN_cuModuleUnload_v2000);
+  SIGNATURE(cuGraphCreate, PFN_cuGraphCreate_v10000);
+  SIGNATURE(cuGraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040);
+  SIGNATURE(cuGraphExecDestroy, PFN_cuGraphExecDestroy_v10000);
+  SIGNATURE(cuGraphDestroy, PFN_cuGraphDestroy_v10000);
+  SIGNATURE(cuGetErrorString, PFN_cuGetErrorString_v6000);
+  SIGNATURE(cuGetErrorName, PFN_cuGetErrorName_v6000);
+}
+
 #define SAME_LAYOUT(ours, theirs)                                \
   EXPECT_EQ(sizeof(t::ours), sizeof(::theirs)) << #ours " size"; \
-  EXPECT_EQ(alignof(t::ours), alignof(::theirs)) << #ours " alignment";
+  EXPECT_EQ(alignof(t::ours), alignof(::theirs)) << #ours " alignment"
 #define SAME_OFFSET(ours, theirs, field) \
-  EXPECT_EQ(offsetof(t::ours, field), offsetof(::theirs, field)) << #ours "." #field;
+  EXPECT_EQ(offsetof(t::ours, field), offsetof(::theirs, field)) << #ours "." #field
 
-TEST(AbiCheck, StructLayoutsMatch){
-    SAME_LAYOUT(CUuuid, CUuuid) SAME_LAYOUT(CUmemLocation, CUmemLocation) SAME_OFFSET(
-        CUmemLocation, CUmemLocation, id) SAME_LAYOUT(CUmemAllocationProp, CUmemAllocationProp)
-        SAME_OFFSET(CUmemAllocationProp, CUmemAllocationProp, requestedHandleTypes) SAME_OFFSET(
-            CUmemAllocationProp, CUmemAllocationProp,
-            location) SAME_OFFSET(CUmemAllocationProp, CUmemAllocationProp,
-                                  win32HandleMetaData) SAME_OFFSET(CUmemAllocationProp,
-                                                                   CUmemAllocationProp, allocFlags)
-            SAME_LAYOUT(CUmemAccessDesc, CUmemAccessDesc) SAME_OFFSET(
-                CUmemAccessDesc, CUmemAccessDesc, flags) SAME_LAYOUT(CUmemPoolProps, CUmemPoolProps)
-                SAME_OFFSET(CUmemPoolProps, CUmemPoolProps, location) SAME_OFFSET(
-                    CUmemPoolProps,
-                    CUmemPoolProps,
-                    maxSize) SAME_OFFSET(CUmemPoolProps, CUmemPoolProps, usage)
-                    SAME_LAYOUT(CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR) SAME_OFFSET(
-                        CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR, Format)
-                        SAME_OFFSET(CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR, NumChannels)
-                            SAME_LAYOUT(CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR)
-                                SAME_OFFSET(CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, Depth)
-                                    SAME_OFFSET(CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR,
-                                                Flags) SAME_LAYOUT(CUDA_ARRAY_MEMORY_REQUIREMENTS,
-                                                                   CUDA_ARRAY_MEMORY_REQUIREMENTS)
-                                        SAME_OFFSET(CUDA_ARRAY_MEMORY_REQUIREMENTS,
-                                                    CUDA_ARRAY_MEMORY_REQUIREMENTS, alignment)
-                                            SAME_LAYOUT(CUlaunchConfig, CUlaunchConfig)
-                                                SAME_OFFSET(CUlaunchConfig, CUlaunchConfig, hStream)
-                                                    SAME_OFFSET(CUlaunchConfig, CUlaunchConfig,
-                                                                attrs)
-                                                        SAME_OFFSET(CUlaunchConfig, CUlaunchConfig,
-                                                                    numAttrs)}
+TEST(AbiCheck, StructLayoutsMatch) {
+  SAME_LAYOUT(CUuuid, CUuuid);
+  SAME_LAYOUT(CUmemLocation, CUmemLocation);
+  SAME_OFFSET(CUmemLocation, CUmemLocation, id);
+  SAME_LAYOUT(CUmemAllocationProp, CUmemAllocationProp);
+  SAME_OFFSET(CUmemAllocationProp, CUmemAllocationProp, requestedHandleTypes);
+  SAME_OFFSET(CUmemAllocationProp, CUmemAllocationProp, location);
+  SAME_OFFSET(CUmemAllocationProp, CUmemAllocationProp, win32HandleMetaData);
+  SAME_OFFSET(CUmemAllocationProp, CUmemAllocationProp, allocFlags);
+  SAME_LAYOUT(CUmemAccessDesc, CUmemAccessDesc);
+  SAME_OFFSET(CUmemAccessDesc, CUmemAccessDesc, flags);
+  SAME_LAYOUT(CUmemPoolProps, CUmemPoolProps);
+  SAME_OFFSET(CUmemPoolProps, CUmemPoolProps, location);
+  SAME_OFFSET(CUmemPoolProps, CUmemPoolProps, maxSize);
+  SAME_OFFSET(CUmemPoolProps, CUmemPoolProps, usage);
+  SAME_LAYOUT(CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR);
+  SAME_OFFSET(CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR, Format);
+  SAME_OFFSET(CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR, NumChannels);
+  SAME_LAYOUT(CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR);
+  SAME_OFFSET(CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, Depth);
+  SAME_OFFSET(CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, Flags);
+  SAME_LAYOUT(CUDA_ARRAY_MEMORY_REQUIREMENTS, CUDA_ARRAY_MEMORY_REQUIREMENTS);
+  SAME_OFFSET(CUDA_ARRAY_MEMORY_REQUIREMENTS, CUDA_ARRAY_MEMORY_REQUIREMENTS, alignment);
+  SAME_LAYOUT(CUlaunchConfig, CUlaunchConfig);
+  SAME_OFFSET(CUlaunchConfig, CUlaunchConfig, hStream);
+  SAME_OFFSET(CUlaunchConfig, CUlaunchConfig, attrs);
+  SAME_OFFSET(CUlaunchConfig, CUlaunchConfig, numAttrs);
+}
 
 TEST(AbiCheck, ConstantsMatch) {
   EXPECT_EQ(t::CUDA_ERROR_INVALID_VALUE, ::CUDA_ERROR_INVALID_VALUE);
@@ -197,6 +215,8 @@ TEST(AbiCheck, ConstantsMatch) {
   EXPECT_EQ(t::CUDA_ERROR_INVALID_HANDLE, ::CUDA_ERROR_INVALID_HANDLE);
   EXPECT_EQ(t::CUDA_ERROR_NOT_FOUND, ::CUDA_ERROR_NOT_FOUND);
   EXPECT_EQ(t::CUDA_ERROR_NOT_SUPPORTED, ::CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(t::CUDA_ERROR_NOT_READY, ::CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(t::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, ::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   EXPECT_EQ(t::CUDA_ERROR_UNKNOWN, ::CUDA_ERROR_UNKNOWN);
   EXPECT_EQ(t::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             ::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cuda_abi/cuda_abi.h"
+#include "simgpu/sim_machine.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -158,6 +159,77 @@ TEST(SimulatedMachine, BadDeviceListsNameTheFieldAndValue) {
     EXPECT_NE(done.err.find(c.expected), std::string::npos) << c.devices << ": " << done.err;
     EXPECT_NE(done.err.find("TESSERA_SIM_DEVICES"), std::string::npos) << done.err;
   }
+}
+
+// The device's own record of a finished worker's kernels within its window.
+sim::BusyTime recorded(const ScratchDirectory& scratch, const Finished& done) {
+  setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
+  setenv("TESSERA_SIM_DEVICES", "H100;A100", 1);
+  ErrorText error;
+  sim::Machine machine;
+  EXPECT_TRUE(machine.attach(error)) << error.text;
+  const sim::BusyTime busy = machine.busy(0, static_cast<std::int32_t>(done.number("pid")),
+                                          done.number("begin_ns"), done.number("end_ns"));
+  EXPECT_TRUE(busy.complete);
+  return busy;
+}
+
+class KernelPath : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(KernelPath, KernelsTakeTheirTimeOnTheDevice) {
+  ScratchDirectory scratch;
+  const Finished done =
+      run({worker(), "kernels", GetParam(), "step@2ms", "20"}, simulated(scratch));
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  const std::uint64_t wall = done.number("end_ns") - done.number("begin_ns");
+  EXPECT_GE(wall, 40'000'000u);  // 20 x 2 ms, in order
+  EXPECT_LT(wall, 60'000'000u);
+  // Events also span the moments between recording the first and launching the first kernel.
+  EXPECT_NEAR(static_cast<double>(done.number("elapsed_us")), 40000.0, 1000.0);
+  EXPECT_EQ(done.value("query_before_sync"), "600");  // CUDA_ERROR_NOT_READY
+  const sim::BusyTime busy = recorded(scratch, done);
+  EXPECT_EQ(busy.process_ns, 40'000'000u);
+  EXPECT_EQ(busy.device_ns, 40'000'000u);
+}
+
+INSTANTIATE_TEST_SUITE_P(SimulatedMachine, KernelPath,
+                         ::testing::Values("plain", "ex", "coop", "graph"));
+
+TEST(SimulatedMachine, AGridLargerThanTheDeviceTakesSeveralWaves) {
+  ScratchDirectory scratch;
+  // 264 blocks on an H100's 132 SMs: two waves of 1 ms each.
+  const Finished done =
+      run({worker(), "kernels", "plain", "wide@1ms", "5", "264"}, simulated(scratch));
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NEAR(static_cast<double>(done.number("elapsed_us")), 10000.0, 1000.0);
+}
+
+TEST(SimulatedMachine, ProcessesShareOneTimelineOnePieceOfWorkAtATime) {
+  ScratchDirectory scratch;
+  Running first({worker(), "kernels", "plain", "a@2ms", "50"}, simulated(scratch));
+  Running second({worker(), "kernels", "plain", "b@2ms", "50"}, simulated(scratch));
+  Finished results[2];
+  for (int i = 0; i < 2; ++i) {
+    Running& process = i == 0 ? first : second;
+    std::string line;
+    while (!(line = process.read_line()).empty()) results[i].out += line + "\n";
+    EXPECT_EQ(process.wait(), 0);
+  }
+  const std::uint64_t begin =
+      std::min(results[0].number("begin_ns"), results[1].number("begin_ns"));
+  const std::uint64_t end = std::max(results[0].number("end_ns"), results[1].number("end_ns"));
+  EXPECT_GE(end - begin, 200'000'000u);  // 200 ms of work cannot finish sooner on one device
+  setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
+  setenv("TESSERA_SIM_DEVICES", "H100;A100", 1);
+  ErrorText error;
+  sim::Machine machine;
+  ASSERT_TRUE(machine.attach(error)) << error.text;
+  for (const Finished& result : results) {
+    const auto pid = static_cast<std::int32_t>(result.number("pid"));
+    EXPECT_EQ(machine.busy(0, pid, begin, end).process_ns, 100'000'000u);
+  }
+  EXPECT_EQ(machine.busy(0, 0, begin, end).device_ns, 200'000'000u);
+  EXPECT_EQ(machine.busy(1, 0, begin, end).device_ns, 0u);  // the other device was idle
 }
 
 TEST(SimulatedMachine, DevicesComeFromAFileToo) {

@@ -52,7 +52,9 @@ inline constexpr CUresult CUDA_ERROR_INVALID_DEVICE = 101;
 inline constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
 inline constexpr CUresult CUDA_ERROR_INVALID_HANDLE = 400;
 inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
+inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
+inline constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900;
 inline constexpr CUresult CUDA_ERROR_UNKNOWN = 999;
 
 struct CUuuid {
@@ -305,6 +307,12 @@ inline constexpr unsigned int CU_MEM_ATTACH_GLOBAL = 1;
   X(cuEventCreate, (CUevent * phEvent, unsigned int flags))                                      \
   X(cuEventRecord, (CUevent hEvent, CUstream hStream))                                           \
   X(cuEventDestroy_v2, (CUevent hEvent))                                                         \
+  X(cuEventQuery, (CUevent hEvent))                                                              \
+  X(cuEventElapsedTime, (float* pMilliseconds, CUevent hStart, CUevent hEnd))                    \
+  X(cuStreamQuery, (CUstream hStream))                                                           \
+  X(cuStreamWaitEvent, (CUstream hStream, CUevent hEvent, unsigned int flags))                   \
+  X(cuStreamBeginCapture_v2, (CUstream hStream, int mode))                                       \
+  X(cuStreamEndCapture, (CUstream hStream, CUgraph * phGraph))                                   \
   X(cuModuleLoadData, (CUmodule * module, const void* image))                                    \
   X(cuModuleGetFunction, (CUfunction * hfunc, CUmodule hmod, const char* name))                  \
   X(cuModuleUnload, (CUmodule hmod))                                                             \

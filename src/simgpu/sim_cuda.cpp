@@ -5,8 +5,11 @@
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -368,6 +371,7 @@ CUresult new_context(CUdevice ordinal, Context*& context) {
   }
   context->device = index;
   context->ordinal = ordinal;
+  context->default_stream.context = context;
   Lock locked;
   locked->contexts.put(reinterpret_cast<std::uint64_t>(context), 1);
   return CUDA_SUCCESS;
@@ -480,14 +484,83 @@ int device_of_memfd(int fd) {
   return marker ? std::atoi(marker + std::strlen("tessera-vmm-d")) : -1;
 }
 
-CUresult validate_launch(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
-                         unsigned block_x, unsigned block_y, unsigned block_z) {
+void wait_until(std::uint64_t time_ns) {
+  const timespec until{static_cast<time_t>(time_ns / 1000000000ull),
+                       static_cast<long>(time_ns % 1000000000ull)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nullptr) == EINTR) {
+  }
+}
+
+Stream* stream_of(CUstream handle, Context* context) {
+  // Null, CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD (0x2) name the default stream.
+  if (reinterpret_cast<std::uintptr_t>(handle) <= 2) return &context->default_stream;
+  return reinterpret_cast<Stream*>(handle);
+}
+
+bool append_to_graph(Graph* graph, std::uint64_t duration_ns) {
+  if (graph->count == graph->capacity) {
+    const int capacity = graph->capacity == 0 ? 16 : graph->capacity * 2;
+    auto* grown = static_cast<std::uint64_t*>(
+        std::realloc(graph->durations, static_cast<std::size_t>(capacity) * sizeof(std::uint64_t)));
+    if (grown == nullptr) return false;
+    graph->durations = grown;
+    graph->capacity = capacity;
+  }
+  graph->durations[graph->count++] = duration_ns;
+  return true;
+}
+
+// Puts work on the device's timeline behind the stream, or into the graph being captured.
+CUresult submit(Stream* stream, std::uint64_t duration_ns) {
+  if (stream->capture != nullptr) {
+    return append_to_graph(stream->capture, duration_ns) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  Context* context = stream->context;
+  machine().occupy(context->device, &stream->tail_ns, duration_ns);
+  std::atomic_ref<std::uint64_t> latest(context->latest_ns);
+  std::uint64_t seen = latest.load();
+  while (seen < stream->tail_ns && !latest.compare_exchange_weak(seen, stream->tail_ns)) {
+  }
+  return CUDA_SUCCESS;
+}
+
+// "name@20us" runs 20 microseconds per wave; a name without a duration runs 10 us.
+std::uint64_t duration_from_name(const char* name) {
+  const char* at = std::strrchr(name, '@');
+  if (at == nullptr) return 10000;
+  char* unit = nullptr;
+  const double value = std::strtod(at + 1, &unit);
+  if (unit == at + 1 || value <= 0) return 10000;
+  double scale = 1000;  // us
+  if (std::strcmp(unit, "ns") == 0) scale = 1;
+  if (std::strcmp(unit, "ms") == 0) scale = 1e6;
+  if (std::strcmp(unit, "s") == 0) scale = 1e9;
+  return static_cast<std::uint64_t>(value * scale);
+}
+
+CUresult launch(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                unsigned block_y, unsigned block_z, CUstream handle) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (grid_x == 0 || grid_y == 0 || grid_z == 0 || block_x == 0 || block_y == 0 || block_z == 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // A wave is one block per SM: a grid larger than the device takes several.
+  const std::uint64_t blocks = std::uint64_t{grid_x} * grid_y * grid_z;
+  const auto sms = static_cast<std::uint64_t>(spec_of(context->device).sm_count);
+  const std::uint64_t waves = (blocks + sms - 1) / sms;
+  return submit(stream_of(handle, context), reinterpret_cast<Function*>(f)->duration_ns * waves);
+}
+
+// Blocks until the stream's work is done; refused while it is being captured.
+CUresult synchronize_stream(CUstream handle) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  Stream* stream = stream_of(handle, context);
+  if (stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  wait_until(stream->tail_ns);
+  release_pools_on_sync();
   return CUDA_SUCCESS;
 }
 
@@ -682,6 +755,7 @@ SIM_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
 SIM_EXPORT CUresult cuCtxSynchronize() {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  wait_until(std::atomic_ref<std::uint64_t>(context->latest_ns).load());
   release_pools_on_sync();
   return CUDA_SUCCESS;
 }
@@ -977,49 +1051,112 @@ SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream) {
 
 // --- streams and events ------------------------------------------------------------------------
 
-SIM_EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int) {
+SIM_EXPORT CUresult cuStreamCreate(CUstream* handle, unsigned int) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
-  if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *stream = static_cast<CUstream>(std::malloc(16));
-  return *stream ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
-  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
-  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  std::free(stream);
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* stream = static_cast<Stream*>(std::calloc(1, sizeof(Stream)));
+  if (stream == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  stream->context = context;
+  *handle = reinterpret_cast<CUstream>(stream);
   return CUDA_SUCCESS;
 }
-SIM_EXPORT CUresult cuStreamSynchronize(CUstream) {
+SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream handle) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  if (reinterpret_cast<std::uintptr_t>(handle) <= 2) return CUDA_ERROR_INVALID_HANDLE;
+  std::free(handle);  // queued work still completes: it is on the device's timeline
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuStreamSynchronize(CUstream handle) {
+  return synchronize_stream(handle);
+}
+SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream handle) {
+  return synchronize_stream(handle);
+}
+SIM_EXPORT CUresult cuStreamQuery(CUstream handle) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  return monotonic_ns() >= stream_of(handle, context)->tail_ns ? CUDA_SUCCESS
+                                                               : CUDA_ERROR_NOT_READY;
+}
+SIM_EXPORT CUresult cuStreamWaitEvent(CUstream handle, CUevent handle_event, unsigned int) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  auto* event = reinterpret_cast<Event*>(handle_event);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Stream* stream = stream_of(handle, context);
+  if (event->recorded && event->time_ns > stream->tail_ns) stream->tail_ns = event->time_ns;
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream handle, int) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  Stream* stream = stream_of(handle, context);
+  if (stream == &context->default_stream) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (stream->capture != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  stream->capture = static_cast<Graph*>(std::calloc(1, sizeof(Graph)));
+  return stream->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+SIM_EXPORT CUresult cuStreamEndCapture(CUstream handle, CUgraph* graph) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  Stream* stream = stream_of(handle, context);
+  if (graph == nullptr || stream->capture == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *graph = reinterpret_cast<CUgraph>(stream->capture);
+  stream->capture = nullptr;
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuEventCreate(CUevent* handle, unsigned int) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *handle = static_cast<CUevent>(std::calloc(1, sizeof(Event)));
+  return *handle ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+// An event completes when the device reaches it: after the stream's earlier work.
+SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream handle_stream) {
+  Context* context = nullptr;
+  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
+  auto* event = reinterpret_cast<Event*>(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const std::uint64_t now = monotonic_ns();
+  const std::uint64_t tail = stream_of(handle_stream, context)->tail_ns;
+  event->time_ns = tail > now ? tail : now;
+  event->recorded = true;
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuEventQuery(CUevent handle) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  auto* event = reinterpret_cast<Event*>(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return monotonic_ns() >= event->time_ns ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
+  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  auto* event = reinterpret_cast<Event*>(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  wait_until(event->time_ns);
   release_pools_on_sync();
   return CUDA_SUCCESS;
 }
-SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
-  return cuStreamSynchronize(stream);
-}
-SIM_EXPORT CUresult cuEventCreate(CUevent* event, unsigned int) {
-  Context* context = nullptr;
-  if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
-  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *event = static_cast<CUevent>(std::malloc(16));
-  return *event ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-SIM_EXPORT CUresult cuEventRecord(CUevent event, CUstream) {
+SIM_EXPORT CUresult cuEventElapsedTime(float* milliseconds, CUevent start, CUevent end) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
-  return event ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-}
-SIM_EXPORT CUresult cuEventSynchronize(CUevent event) {
-  if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
-  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  release_pools_on_sync();
+  auto* first = reinterpret_cast<Event*>(start);
+  auto* second = reinterpret_cast<Event*>(end);
+  if (milliseconds == nullptr || first == nullptr || second == nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!first->recorded || !second->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  const std::uint64_t now = monotonic_ns();
+  if (now < first->time_ns || now < second->time_ns) return CUDA_ERROR_NOT_READY;
+  *milliseconds = static_cast<float>(
+      (static_cast<double>(second->time_ns) - static_cast<double>(first->time_ns)) / 1e6);
   return CUDA_SUCCESS;
 }
-SIM_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
+SIM_EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
-  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  std::free(event);
+  if (handle == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::free(handle);
   return CUDA_SUCCESS;
 }
 
@@ -1250,11 +1387,15 @@ SIM_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   *module = static_cast<CUmodule>(std::malloc(16));
   return *module ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-SIM_EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+SIM_EXPORT CUresult cuModuleGetFunction(CUfunction* handle, CUmodule module, const char* name) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
-  if (function == nullptr || module == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *function = static_cast<CUfunction>(static_cast<void*>(strdup(name)));
-  return *function ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  if (handle == nullptr || module == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* function = static_cast<Function*>(std::calloc(1, sizeof(Function)));
+  if (function == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::snprintf(function->name, sizeof function->name, "%s", name);
+  function->duration_ns = duration_from_name(name);
+  *handle = reinterpret_cast<CUfunction>(function);
+  return CUDA_SUCCESS;
 }
 SIM_EXPORT CUresult cuModuleUnload(CUmodule module) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
@@ -1264,18 +1405,19 @@ SIM_EXPORT CUresult cuModuleUnload(CUmodule module) {
 }
 
 SIM_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                   unsigned by, unsigned bz, unsigned, CUstream, void**, void**) {
-  return validate_launch(f, gx, gy, gz, bx, by, bz);
+                                   unsigned by, unsigned bz, unsigned, CUstream stream, void**,
+                                   void**) {
+  return launch(f, gx, gy, gz, bx, by, bz, stream);
 }
 SIM_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                        unsigned bx, unsigned by, unsigned bz, unsigned, CUstream,
-                                        void**, void**) {
-  return validate_launch(f, gx, gy, gz, bx, by, bz);
+                                        unsigned bx, unsigned by, unsigned bz, unsigned,
+                                        CUstream stream, void**, void**) {
+  return launch(f, gx, gy, gz, bx, by, bz, stream);
 }
 SIM_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void**, void**) {
   if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return validate_launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
-                         config->blockDimY, config->blockDimZ);
+  return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                config->blockDimY, config->blockDimZ, config->hStream);
 }
 SIM_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** p,
                                           void** e) {
@@ -1283,19 +1425,23 @@ SIM_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfuncti
 }
 SIM_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                               unsigned bx, unsigned by, unsigned bz, unsigned,
-                                              CUstream, void**) {
-  return validate_launch(f, gx, gy, gz, bx, by, bz);
+                                              CUstream stream, void**) {
+  return launch(f, gx, gy, gz, bx, by, bz, stream);
 }
 SIM_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
                                                    unsigned gz, unsigned bx, unsigned by,
-                                                   unsigned bz, unsigned, CUstream, void**) {
-  return validate_launch(f, gx, gy, gz, bx, by, bz);
+                                                   unsigned bz, unsigned, CUstream stream, void**) {
+  return launch(f, gx, gy, gz, bx, by, bz, stream);
 }
-SIM_EXPORT CUresult cuLaunchHostFunc(CUstream, CUhostFn fn, void* user_data) {
+// Runs when the stream reaches it; the caller waits until then.
+SIM_EXPORT CUresult cuLaunchHostFunc(CUstream handle, CUhostFn fn, void* user_data) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  fn(user_data);  // all earlier work on the stream is already complete
+  Stream* stream = stream_of(handle, context);
+  if (stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  wait_until(stream->tail_ns);
+  fn(user_data);
   return CUDA_SUCCESS;
 }
 SIM_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void* user_data) {
@@ -1305,33 +1451,46 @@ SIM_EXPORT CUresult cuGraphCreate(CUgraph* graph, unsigned int flags) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   if (graph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  *graph = static_cast<CUgraph>(std::malloc(16));
+  *graph = static_cast<CUgraph>(std::calloc(1, sizeof(Graph)));
   return *graph ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph handle,
                                                 unsigned long long) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
+  auto* graph = reinterpret_cast<Graph*>(handle);
   if (exec == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *exec = static_cast<CUgraphExec>(std::malloc(16));
-  return *exec ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  auto* copy = static_cast<Graph*>(std::calloc(1, sizeof(Graph)));
+  if (copy == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  for (int i = 0; i < graph->count; ++i) append_to_graph(copy, graph->durations[i]);
+  *exec = reinterpret_cast<CUgraphExec>(copy);
+  return CUDA_SUCCESS;
 }
-SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream) {
+// A graph's kernels run one after another on the stream, as separate pieces of device work.
+SIM_EXPORT CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
-  return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  auto* graph = reinterpret_cast<Graph*>(handle);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Stream* stream = stream_of(stream_handle, context);
+  for (int i = 0; i < graph->count; ++i) {
+    if (CUresult status = submit(stream, graph->durations[i]); status != CUDA_SUCCESS) {
+      return status;
+    }
+  }
+  return CUDA_SUCCESS;
 }
 SIM_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
   return cuGraphLaunch(exec, stream);
 }
-SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
-  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::free(exec);
-  return CUDA_SUCCESS;
-}
-SIM_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+SIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec handle) {
+  auto* graph = reinterpret_cast<Graph*>(handle);
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::free(graph->durations);
   std::free(graph);
   return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuGraphDestroy(CUgraph handle) {
+  return cuGraphExecDestroy(reinterpret_cast<CUgraphExec>(handle));
 }
 
 // --- errors

@@ -13,9 +13,39 @@
 
 namespace tessera::sim {
 
+struct Context;
+struct Graph;
+
+// Work on a stream runs in order; tail_ns is when its last submitted work ends.
+struct Stream {
+  Context* context;
+  std::uint64_t tail_ns;
+  Graph* capture;  // while capturing, work is recorded here instead of run
+};
+
 struct Context {
   int device;  // machine device index
   int ordinal;
+  Stream default_stream;
+  std::uint64_t latest_ns;  // when all work submitted in this context ends
+};
+
+// A kernel: how long one wave of blocks (one per SM) runs.
+struct Function {
+  char name[64];
+  std::uint64_t duration_ns;
+};
+
+// A captured graph, and its instantiation: the kernels' durations in order.
+struct Graph {
+  std::uint64_t* durations;
+  int count;
+  int capacity;
+};
+
+struct Event {
+  std::uint64_t time_ns;  // when the device reaches it
+  bool recorded;
 };
 
 struct Pool {

@@ -1,5 +1,6 @@
 #include "simgpu/sim_machine.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -19,6 +20,7 @@ void initialize_file(void* base, const void* context) {
   file->file_bytes = sizeof(MachineFile);
   std::memcpy(&file->spec, context, sizeof(MachineSpec));
   initialize_accounts(file->accounts);
+  for (DeviceClock& clock : file->clocks) initialize_robust_mutex(&clock.lock);
 }
 
 std::uint64_t hash_bytes(const void* data, std::size_t size) {
@@ -38,9 +40,13 @@ bool Machine::attach(ErrorText& error) {
   if (const char* explicit_path = std::getenv("TESSERA_SIM_STATE"); explicit_path != nullptr) {
     std::snprintf(path, sizeof path, "%s", explicit_path);
   } else {
+    // The name depends on the device list and the file's layout, so neither a different
+    // configuration nor an older Tessera's file is ever picked up.
+    const std::uint64_t layout[2] = {kVersion, sizeof(MachineFile)};
+    const std::uint64_t hash =
+        hash_bytes(&spec, sizeof spec) ^ (hash_bytes(layout, sizeof layout) * 31);
     std::snprintf(path, sizeof path, "/dev/shm/tessera-sim-%u-%016llx",
-                  static_cast<unsigned>(getuid()),
-                  static_cast<unsigned long long>(hash_bytes(&spec, sizeof spec)));
+                  static_cast<unsigned>(getuid()), static_cast<unsigned long long>(hash));
   }
   if (!map_shared_file(path, sizeof(MachineFile), initialize_file, &spec, mapping_, error)) {
     return false;
@@ -78,6 +84,54 @@ bool Machine::charge(int device, std::uint64_t bytes) {
   ErrorText ignored;
   if (!accounts_.join(ignored)) return false;
   return accounts_.reserve(device, bytes, file_->spec.devices[device].memory_bytes);
+}
+
+std::uint64_t monotonic_ns() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::uint64_t>(now.tv_sec) * 1000000000ull +
+         static_cast<std::uint64_t>(now.tv_nsec);
+}
+
+void Machine::occupy(int device, std::uint64_t* stream_tail, std::uint64_t duration_ns) {
+  DeviceClock& clock = file_->clocks[device];
+  lock_robust(&clock.lock);  // a dead owner leaves only whole 64-bit values behind
+  std::uint64_t start = monotonic_ns();
+  if (*stream_tail > start) start = *stream_tail;
+  if (clock.busy_until_ns > start) start = clock.busy_until_ns;
+  const std::uint64_t end = start + duration_ns;
+  clock.busy_until_ns = end;
+  *stream_tail = end;
+  const std::uint64_t index = file_->timeline_head.fetch_add(1, std::memory_order_relaxed);
+  TimelineEntry& entry = file_->timeline[index % kTimelineEntries];
+  entry.sequence.store(0, std::memory_order_relaxed);
+  entry.pid = static_cast<std::int32_t>(getpid());
+  entry.device = device;
+  entry.start_ns = start;
+  entry.end_ns = end;
+  entry.sequence.store(index + 1, std::memory_order_release);
+  unlock_robust(&clock.lock);
+}
+
+BusyTime Machine::busy(int device, std::int32_t pid, std::uint64_t from_ns,
+                       std::uint64_t to_ns) const {
+  BusyTime busy;
+  const std::uint64_t head = file_->timeline_head.load(std::memory_order_acquire);
+  const std::uint64_t oldest = head > kTimelineEntries ? head - kTimelineEntries : 0;
+  std::uint64_t earliest_seen = UINT64_MAX;
+  for (std::uint64_t index = oldest; index < head; ++index) {
+    const TimelineEntry& entry = file_->timeline[index % kTimelineEntries];
+    if (entry.sequence.load(std::memory_order_acquire) != index + 1) continue;
+    if (entry.start_ns < earliest_seen) earliest_seen = entry.start_ns;
+    if (entry.device != device) continue;
+    const std::uint64_t start = entry.start_ns > from_ns ? entry.start_ns : from_ns;
+    const std::uint64_t end = entry.end_ns < to_ns ? entry.end_ns : to_ns;
+    if (end <= start) continue;
+    busy.device_ns += end - start;
+    if (entry.pid == pid) busy.process_ns += end - start;
+  }
+  busy.complete = oldest == 0 || earliest_seen <= from_ns;
+  return busy;
 }
 
 // Runs when the process exits (or the library is unloaded).

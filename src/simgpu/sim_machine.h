@@ -6,6 +6,9 @@
 // The file is TESSERA_SIM_STATE, or /dev/shm/tessera-sim-<uid>-<hash of the device list>.
 #pragma once
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cstdint>
 
 #include "common/error_text.h"
@@ -15,13 +18,43 @@
 
 namespace tessera::sim {
 
+// One kernel (or graph node) as the device ran it: the device's own record of who used it
+// when, independent of anything a limiter believes.
+struct TimelineEntry {
+  std::atomic<std::uint64_t> sequence;  // index + 1 once written: readers skip torn entries
+  std::int32_t pid;
+  std::int32_t device;
+  std::uint64_t start_ns;  // CLOCK_MONOTONIC
+  std::uint64_t end_ns;
+};
+inline constexpr std::uint64_t kTimelineEntries = 1u << 18;
+
+// A device runs one piece of work at a time: each starts when the device and its stream
+// are both free, in the order it was submitted.
+struct DeviceClock {
+  alignas(64) pthread_mutex_t lock;
+  std::uint64_t busy_until_ns;
+};
+
 struct MachineFile {
   char magic[8];
   std::uint32_t version;
   std::uint32_t file_bytes;
   MachineSpec spec;
   SharedAccounts accounts;  // per process, per device bytes in use
+  DeviceClock clocks[kMaxDevices];
+  std::atomic<std::uint64_t> timeline_head;  // entries written so far
+  TimelineEntry timeline[kTimelineEntries];  // a ring, sparse in the file until used
 };
+
+// Busy time seen by the device's record within a window.
+struct BusyTime {
+  std::uint64_t process_ns = 0;  // of the given process
+  std::uint64_t device_ns = 0;   // of everyone
+  bool complete = true;          // false if the ring no longer reaches back to the window
+};
+
+std::uint64_t monotonic_ns();
 
 class Machine {
  public:
@@ -40,6 +73,12 @@ class Machine {
   }
 
   void after_fork_in_child();
+
+  // Queues `duration_ns` of work on device behind *stream_tail (the stream's last work) and
+  // everything already on the device; moves *stream_tail to its end and records it.
+  void occupy(int device, std::uint64_t* stream_tail, std::uint64_t duration_ns);
+  // What the record says about [from_ns, to_ns) on device, for pid (0: nobody in particular).
+  BusyTime busy(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns) const;
   // The process is exiting: like the driver, free all it held on every device now.
   void release_process() { accounts_.leave(); }
 

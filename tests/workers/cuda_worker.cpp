@@ -3,6 +3,7 @@
 // so the same binary runs on the simulated GPU and on a real one.
 #include <dlfcn.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -340,6 +341,73 @@ int nvml_view() {
   return 0;
 }
 
+std::uint64_t monotonic_ns() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::uint64_t>(now.tv_sec) * 1000000000ull +
+         static_cast<std::uint64_t>(now.tv_nsec);
+}
+
+// Launches COUNT kernels named NAME (on the simulated GPU "k@2ms" runs 2 ms a wave) through
+// one launch path, BLOCKS blocks each, then synchronises. Prints the wall-clock window and
+// the GPU time between events recorded around the work.
+int kernels(const std::string& mode, const char* name, int count, unsigned blocks) {
+  start();
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  check(cuModuleLoadData(&module, "kernels"), "cuModuleLoadData");
+  check(cuModuleGetFunction(&function, module, name), "cuModuleGetFunction");
+  CUstream stream = nullptr;
+  check(cuStreamCreate(&stream, 0), "cuStreamCreate");
+  CUevent before = nullptr, after = nullptr;
+  check(cuEventCreate(&before, 0), "cuEventCreate");
+  check(cuEventCreate(&after, 0), "cuEventCreate");
+  CUgraphExec graph = nullptr;
+  if (mode == "graph") {  // capture COUNT kernels once, launch the graph once
+    CUgraph captured = nullptr;
+    check(cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture");
+    for (int i = 0; i < count; ++i) {
+      check(cuLaunchKernel(function, blocks, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr),
+            "captured launch");
+    }
+    check(cuStreamEndCapture(stream, &captured), "cuStreamEndCapture");
+    check(cuGraphInstantiateWithFlags(&graph, captured, 0), "cuGraphInstantiate");
+  }
+  const std::uint64_t begin = monotonic_ns();
+  check(cuEventRecord(before, stream), "cuEventRecord");
+  if (mode == "graph") {
+    check(cuGraphLaunch(graph, stream), "cuGraphLaunch");
+  } else {
+    for (int i = 0; i < count; ++i) {
+      if (mode == "coop") {
+        check(cuLaunchCooperativeKernel(function, blocks, 1, 1, 128, 1, 1, 0, stream, nullptr),
+              "cuLaunchCooperativeKernel");
+      } else if (mode == "ex") {
+        CUlaunchConfig config{};
+        config.gridDimX = blocks;
+        config.gridDimY = config.gridDimZ = 1;
+        config.blockDimX = 128;
+        config.blockDimY = config.blockDimZ = 1;
+        config.hStream = stream;
+        check(cuLaunchKernelEx(&config, function, nullptr, nullptr), "cuLaunchKernelEx");
+      } else {
+        check(cuLaunchKernel(function, blocks, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr),
+              "cuLaunchKernel");
+      }
+    }
+  }
+  check(cuEventRecord(after, stream), "cuEventRecord");
+  std::printf("query_before_sync=%d\n", cuEventQuery(after));
+  check(cuStreamSynchronize(stream), "cuStreamSynchronize");
+  const std::uint64_t end = monotonic_ns();
+  float elapsed = 0;
+  check(cuEventElapsedTime(&elapsed, before, after), "cuEventElapsedTime");
+  std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\nelapsed_us=%.0f\n", getpid(),
+              static_cast<unsigned long long>(begin), static_cast<unsigned long long>(end),
+              elapsed * 1000.0);
+  return 0;
+}
+
 int fill(std::size_t chunk) {
   start();
   print_view("");
@@ -394,6 +462,10 @@ int main(int argc, char** argv) {
   }
   if (command == "fill" && argc >= 3) return fill(number(2));
   if (command == "pool-cache" && argc >= 3) return pool_cache(number(2));
+  if (command == "kernels" && argc >= 5) {
+    return kernels(argv[2], argv[3], static_cast<int>(number(4)),
+                   argc > 5 ? static_cast<unsigned>(number(5)) : 1u);
+  }
   if (command == "processes" && argc >= 3) {  // NVML's process list, holding BYTES
     start();
     CUdeviceptr p = 0;
