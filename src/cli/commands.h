@@ -31,4 +31,16 @@ struct TopOptions {
 };
 int top_command(const TopOptions& options);
 
+struct SimOptions {
+  std::string nodes;
+  std::string pods;
+  std::string policies = "all";
+  std::string seeds = "42";
+  double load = 1.3;
+  int threads = 2;
+  bool replay = false;  // the trace's own creation and deletion times instead of sampling
+  std::string output;   // directory for curve.csv and allocation.svg
+};
+int sim_command(const SimOptions& options);
+
 }  // namespace tessera::cli

@@ -36,6 +36,22 @@ int main(int argc, char** argv) {
   top_app->add_option("--interval", top.interval_seconds, "Seconds between refreshes")
       ->check(CLI::PositiveNumber);
 
+  SimOptions sim;
+  CLI::App* sim_app =
+      app.add_subcommand("sim", "Replay a cluster trace through the placement engine");
+  sim_app->add_option("--nodes", sim.nodes, "Node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
+      ->required();
+  sim_app
+      ->add_option("--pods", sim.pods,
+                   "Pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
+      ->required();
+  sim_app->add_option("--policies", sim.policies, "Comma-separated policies, or all");
+  sim_app->add_option("--seeds", sim.seeds, "Seeds: 42, 42-51 or 1,2,3");
+  sim_app->add_option("--load", sim.load, "Arrived GPU load to sample up to (1.3 = 130%)");
+  sim_app->add_option("--threads", sim.threads, "Runs in parallel")->check(CLI::Range(1, 256));
+  sim_app->add_flag("--replay", sim.replay, "Use the trace's own creation and deletion times");
+  sim_app->add_option("--output", sim.output, "Directory for curve.csv and allocation.svg");
+
   // CLI11 would only say "a subcommand is required"; name the word it did not know.
   const auto known = [&app](const std::string& name) {
     for (const CLI::App* command : app.get_subcommands({})) {
@@ -44,7 +60,8 @@ int main(int argc, char** argv) {
     return false;
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
-    fmt::print(stderr, "tessera: unknown command '{}' (commands: run, devices, top; see --help)\n",
+    fmt::print(stderr,
+               "tessera: unknown command '{}' (commands: run, devices, top, sim; see --help)\n",
                argv[1]);
     return 2;
   }
@@ -52,6 +69,7 @@ int main(int argc, char** argv) {
   try {
     if (run_app->parsed()) return run_command(run);
     if (devices_app->parsed()) return devices_command(devices);
+    if (sim_app->parsed()) return sim_command(sim);
     if (top_app->parsed()) {
       top.once = top.once || top.json;
       return top_command(top);

@@ -1,0 +1,145 @@
+// tessera sim: replay a cluster trace through the placement engine.
+#include <fmt/core.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+#include "cli/commands.h"
+#include "sched/experiment.h"
+
+namespace tessera::cli {
+namespace {
+
+std::vector<std::uint64_t> parse_seeds(const std::string& text) {
+  std::vector<std::uint64_t> seeds;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::size_t dash = item.find('-');
+    try {
+      if (dash != std::string::npos) {
+        const std::uint64_t first = std::stoull(item.substr(0, dash));
+        const std::uint64_t last = std::stoull(item.substr(dash + 1));
+        if (last < first || last - first > 10000) throw std::invalid_argument("range");
+        for (std::uint64_t seed = first; seed <= last; ++seed) seeds.push_back(seed);
+      } else {
+        seeds.push_back(std::stoull(item));
+      }
+    } catch (const std::exception&) {
+      throw std::runtime_error(
+          fmt::format("--seeds '{}': '{}' is not a seed or a range like 42-51", text, item));
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return seeds;
+}
+
+std::vector<sched::Policy> parse_policies(const std::string& text) {
+  if (text == "all") return sched::all_policies();
+  std::vector<sched::Policy> policies;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    try {
+      policies.push_back(sched::parse_policy(
+          text.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    } catch (const std::invalid_argument& error) {
+      throw std::runtime_error(fmt::format("--policies: {}", error.what()));
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return policies;
+}
+
+}  // namespace
+
+int sim_command(const SimOptions& options) {
+  const std::vector<sched::NodeSpec> nodes = sched::read_nodes(options.nodes);
+  const std::vector<sched::PodSpec> pods = sched::read_pods(options.pods);
+  const std::vector<std::uint64_t> seeds = parse_seeds(options.seeds);
+  std::vector<sched::Job> jobs;
+  for (sched::Policy policy : parse_policies(options.policies)) {
+    for (std::uint64_t seed : seeds) jobs.push_back({policy, seed});
+  }
+  if (!(options.load > 0 && options.load <= 10)) {
+    throw std::runtime_error(fmt::format("--load {} must be above 0 and at most 10", options.load));
+  }
+  fmt::print(stderr, "tessera sim: {} nodes, {} pods in the trace, {} runs on {} threads\n",
+             nodes.size(), pods.size(), jobs.size(), options.threads);
+  const auto results = sched::run_all(
+      jobs, options.threads,
+      [&](const sched::Job& job) {
+        return options.replay
+                   ? sched::run_replay(nodes, pods, job.policy, job.seed)
+                   : sched::run_inflation(nodes, pods, job.policy, job.seed, options.load);
+      },
+      [&](const sched::RunResult& result, int done) {
+        fmt::print(stderr, "[{}/{}] {} seed {}: {} placed, {} pending, {:.1f} s\n", done,
+                   jobs.size(), sched::policy_name(result.policy), result.seed, result.placed,
+                   result.pending, result.seconds);
+      });
+
+  if (!options.output.empty()) {
+    std::filesystem::create_directories(options.output);
+    std::ofstream curve(options.output + "/curve.csv");
+    curve << "policy,seed,arrived_pct,allocated_pct,fragmented_pct\n";
+    for (const auto& result : results) {
+      for (const auto& point : result.curve) {
+        curve << fmt::format(
+            "{},{},{:.2f},{:.3f},{}\n", sched::policy_name(result.policy), result.seed,
+            100 * point.arrived, 100 * point.allocated,
+            point.fragmented < 0 ? std::string() : fmt::format("{:.3f}", 100 * point.fragmented));
+      }
+    }
+    std::ofstream(options.output + "/allocation.svg") << sched::plot_svg(results);
+  }
+  if (options.replay) {
+    fmt::print("{:<16}{:>12}{:>12}\n", "POLICY", "PLACED", "PENDING");
+    for (const auto& result : results) {
+      fmt::print("{:<16}{:>12}{:>12}\n", sched::policy_name(result.policy), result.placed,
+                 result.pending);
+    }
+    return 0;
+  }
+  // Mean and spread over seeds at 100 % and at the full arrived load.
+  struct Summary {
+    std::vector<double> at100, at_max;
+  };
+  std::map<std::string, Summary> summary;
+  std::vector<std::string> order;
+  for (const auto& result : results) {
+    const std::string name = sched::policy_name(result.policy);
+    if (!summary.count(name)) order.push_back(name);
+    summary[name].at100.push_back(100 * result.allocated_at(1.0));
+    summary[name].at_max.push_back(100 * result.allocated_at(options.load));
+  }
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return s / static_cast<double>(v.size());
+  };
+  auto deviation = [&](const std::vector<double>& v) {
+    const double m = mean(v);
+    double s = 0;
+    for (double x : v) s += (x - m) * (x - m);
+    return v.size() > 1 ? std::sqrt(s / static_cast<double>(v.size() - 1)) : 0.0;
+  };
+  fmt::print("GPU allocation ratio (%), mean ± sd over {} seed(s)\n", seeds.size());
+  fmt::print("{:<16}{:>18}{:>18}\n", "POLICY", "AT 100% ARRIVED",
+             fmt::format("AT {:.0f}% ARRIVED", 100 * options.load));
+  for (const std::string& name : order) {
+    const Summary& s = summary[name];
+    fmt::print("{:<16}{:>12.2f} ± {:<4.2f}{:>12.2f} ± {:<4.2f}\n", name, mean(s.at100),
+               deviation(s.at100), mean(s.at_max), deviation(s.at_max));
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli

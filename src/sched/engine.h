@@ -1,0 +1,120 @@
+// The placement engine: a cluster model (nodes with CPU, memory and GPUs by model; each GPU's
+// free milli-GPU), pod requests, feasibility, scoring by policy, and the choice of GPUs on
+// the chosen node. The simulator and the scheduler extender both place through it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "sched/trace.h"
+
+namespace tessera::sched {
+
+enum class Policy {
+  random,          // any feasible node
+  best_fit,        // least leftover CPU and GPU, each relative to the largest node
+  dot_product,     // Tetris: alignment of the node's free vector with the request
+  gpu_packing,     // a partly used GPU, then a free GPU on a used node, then an idle node
+  gpu_clustering,  // nodes already running pods of the same kind
+  spread,          // the emptiest node
+  fgd,             // fragmentation gradient descent (Weng et al., ATC'23), as published
+  fgd_exact,       // Tessera's: FGD's gradient unrounded, ties to the best fit
+};
+
+// Parses "fgd", "best-fit", ...; throws std::invalid_argument naming the known ones.
+Policy parse_policy(const std::string& name);
+std::string policy_name(Policy policy);
+const std::vector<Policy>& all_policies();
+
+// A pod's request as the engine works with it.
+struct Request {
+  std::int64_t cpu_milli = 0;
+  std::int64_t memory_mib = 0;
+  int gpus = 0;
+  int gpu_milli = 0;         // per GPU
+  std::uint64_t models = 0;  // bit per allowed model; 0: any
+  int kind = 0;              // for clustering: 0 CPU, 1 sharing, 2+ whole GPUs by count
+  bool shares_gpu() const { return gpus == 1 && gpu_milli < kMilli; }
+};
+
+struct Node {
+  std::int64_t cpu_left = 0, memory_left = 0;
+  std::int64_t cpu_total = 0;
+  int gpus = 0;
+  int model = -1;  // index into the cluster's models; -1 for a CPU-only node
+  std::int16_t gpu_left[kMaxGpusPerNode] = {};
+  int running_by_kind[8] = {};
+  std::uint32_t version = 0;  // changes whenever the node's allocations do
+  std::int64_t gpu_milli_left() const;
+  int fully_free_gpus() const;
+};
+
+struct Placement {
+  int node = -1;  // -1: nowhere fits
+  int gpu_count = 0;
+  int gpu_index[kMaxGpusPerNode] = {};
+};
+
+// The target workload FGD measures fragmentation against: task classes by popularity.
+struct TaskClass {
+  Request request;
+  double weight = 0;  // popularity, the classes' weights sum to 1
+};
+
+class Cluster {
+ public:
+  explicit Cluster(const std::vector<NodeSpec>& nodes);
+
+  Request request_for(const PodSpec& pod) const;
+  bool fits(const Node& node, const Request& request) const;
+  // The best node and GPUs for request under policy (ties broken with random), or node -1.
+  Placement place(const Request& request, Policy policy, std::mt19937_64& random);
+  void allocate(const Request& request, const Placement& placement);
+  void release(const Request& request, const Placement& placement);
+
+  // FGD's target workload: the GPU task classes of `pods` covering `coverage` of them by
+  // count, weighted by popularity.
+  void set_target_workload(const std::vector<PodSpec>& pods, double coverage = 0.95);
+  // Fragmented milli-GPU of a node, or of the whole cluster, under the target workload.
+  double fragmentation(const Node& node) const;
+  double fragmentation() const;
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  std::int64_t gpu_milli_total() const { return gpu_milli_total_; }
+  std::int64_t gpu_milli_allocated() const { return gpu_milli_allocated_; }
+
+ private:
+  struct Score {
+    double primary = 0;    // higher is better
+    double secondary = 0;  // breaks ties in primary (fgd_exact only)
+    int gpu = -1;          // for a sharing pod: the GPU to use
+  };
+  Score score(const Node& node, const Request& request, Policy policy) const;
+  Score fgd_score(const Node& node, const Request& request, bool exact) const;
+  void choose_gpus(const Node& node, const Request& request, int shared_gpu,
+                   Placement& placement) const;
+
+  // FGD scores per node and request, valid while the node's version is unchanged: requests
+  // fall into few classes, and most nodes do not change between two decisions.
+  struct CachedScore {
+    std::uint64_t request = 0;
+    std::uint32_t version = 0;
+    Score score;
+  };
+  static constexpr int kScoreCacheSlots = 64;  // direct-mapped by request
+  const Score& cached_fgd_score(int index, const Request& request, bool exact);
+
+  std::vector<Node> nodes_;
+  std::vector<std::array<CachedScore, kScoreCacheSlots>> score_cache_;
+  std::vector<std::string> models_;
+  std::vector<TaskClass> classes_;
+  mutable std::unordered_map<std::uint64_t, double> fragmentation_memo_;
+  std::int64_t gpu_milli_total_ = 0;
+  std::int64_t gpu_milli_allocated_ = 0;
+};
+
+}  // namespace tessera::sched

@@ -1,0 +1,205 @@
+#include "sched/experiment.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace tessera::sched {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+double RunResult::allocated_at(double load) const {
+  for (const CurvePoint& point : curve) {
+    if (point.arrived >= load - 1e-9) return point.allocated;
+  }
+  return curve.empty() ? 0 : curve.back().allocated;
+}
+
+RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
+                        Policy policy, std::uint64_t seed, double max_load) {
+  const auto start = std::chrono::steady_clock::now();
+  Cluster cluster(nodes);
+  cluster.set_target_workload(trace);
+  std::mt19937_64 random(seed);
+  std::uniform_int_distribution<std::size_t> pick(0, trace.size() - 1);
+  RunResult result{policy, seed, {}, 0, 0, 0};
+  const double capacity = static_cast<double>(cluster.gpu_milli_total());
+  double arrived = 0;
+  int next_percent = 1;
+  while (arrived < max_load * capacity) {
+    const PodSpec& pod = trace[pick(random)];
+    const Request request = cluster.request_for(pod);
+    arrived += static_cast<double>(pod.gpu_milli_total());
+    const Placement placement = cluster.place(request, policy, random);
+    if (placement.node >= 0) {
+      cluster.allocate(request, placement);
+      ++result.placed;
+    } else {
+      ++result.pending;
+    }
+    while (arrived >= next_percent / 100.0 * capacity) {
+      result.curve.push_back({next_percent / 100.0,
+                              static_cast<double>(cluster.gpu_milli_allocated()) / capacity,
+                              next_percent % 5 == 0 ? cluster.fragmentation() / capacity : -1});
+      ++next_percent;
+    }
+  }
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
+                     Policy policy, std::uint64_t seed) {
+  const auto start = std::chrono::steady_clock::now();
+  Cluster cluster(nodes);
+  cluster.set_target_workload(trace);
+  std::mt19937_64 random(seed);
+  struct Event {
+    std::int64_t time;
+    bool arrival;
+    std::size_t pod;
+  };
+  std::vector<Event> events;
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    if (trace[i].creation_time < 0) {
+      throw std::runtime_error(
+          fmt::format("pod {} has no creation time: this trace cannot be "
+                      "replayed in time",
+                      trace[i].name));
+    }
+    events.push_back({trace[i].creation_time, true, i});
+    if (trace[i].deletion_time >= 0) events.push_back({trace[i].deletion_time, false, i});
+  }
+  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.time < b.time || (a.time == b.time && !a.arrival && b.arrival);  // leave first
+  });
+  std::vector<Placement> placements(trace.size());
+  RunResult result{policy, seed, {}, 0, 0, 0};
+  const double capacity = static_cast<double>(cluster.gpu_milli_total());
+  double alive = 0;
+  for (std::size_t k = 0; k < events.size(); ++k) {
+    const Event& event = events[k];
+    const PodSpec& pod = trace[event.pod];
+    const Request request = cluster.request_for(pod);
+    if (event.arrival) {
+      alive += static_cast<double>(pod.gpu_milli_total());
+      placements[event.pod] = cluster.place(request, policy, random);
+      if (placements[event.pod].node >= 0) {
+        cluster.allocate(request, placements[event.pod]);
+        ++result.placed;
+      } else {
+        ++result.pending;
+      }
+    } else {
+      alive -= static_cast<double>(pod.gpu_milli_total());
+      if (placements[event.pod].node >= 0) cluster.release(request, placements[event.pod]);
+    }
+    if (k % 100 == 0 || k + 1 == events.size()) {
+      result.curve.push_back(
+          {alive / capacity, static_cast<double>(cluster.gpu_milli_allocated()) / capacity, -1});
+    }
+  }
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+std::vector<RunResult> run_all(const std::vector<Job>& jobs, int threads,
+                               const std::function<RunResult(const Job&)>& run,
+                               const std::function<void(const RunResult&, int done)>& progress) {
+  std::vector<RunResult> results(jobs.size());
+  std::atomic<std::size_t> next{0};
+  std::mutex report;
+  int done = 0;
+  std::vector<std::thread> workers;
+  for (int t = 0; t < std::max(1, threads); ++t) {
+    workers.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+        results[i] = run(jobs[i]);
+        std::lock_guard<std::mutex> locked(report);
+        progress(results[i], ++done);
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  return results;
+}
+
+std::string plot_svg(const std::vector<RunResult>& results) {
+  constexpr double kWidth = 720, kHeight = 440, kLeft = 60, kBottom = 50, kTop = 20, kRight = 170;
+  static const char* kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                   "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  // Mean curve per policy over its seeds.
+  std::map<std::string, std::vector<std::pair<double, double>>> sums;
+  std::map<std::string, int> runs;
+  for (const RunResult& result : results) {
+    auto& sum = sums[policy_name(result.policy)];
+    if (sum.size() < result.curve.size()) sum.resize(result.curve.size());
+    for (std::size_t i = 0; i < result.curve.size(); ++i) {
+      sum[i].first = result.curve[i].arrived;
+      sum[i].second += result.curve[i].allocated;
+    }
+    ++runs[policy_name(result.policy)];
+  }
+  const double x_max = 1.3, y_min = 0.5, y_max = 1.0;
+  auto x = [&](double v) { return kLeft + (kWidth - kLeft - kRight) * std::min(v, x_max) / x_max; };
+  auto y = [&](double v) {
+    return kHeight - kBottom -
+           (kHeight - kBottom - kTop) * (std::clamp(v, y_min, y_max) - y_min) / (y_max - y_min);
+  };
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      kWidth, kHeight);
+  for (int tick = 0; tick <= 13; tick += 1) {
+    const double v = tick / 10.0;
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>"
+        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
+        x(v), kTop, kHeight - kBottom, kHeight - kBottom + 16, tick * 10);
+  }
+  for (int tick = 50; tick <= 100; tick += 10) {
+    const double v = tick / 100.0;
+    svg += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#eee\"/>"
+        "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5}</text>\n",
+        kLeft, y(v), kWidth - kRight, kLeft - 6, y(v) + 4, tick);
+  }
+  svg += fmt::format(
+      "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">arrived GPU load (% of capacity)</text>\n",
+      (kLeft + kWidth - kRight) / 2, kHeight - 12);
+  svg += fmt::format(
+      "<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">GPU "
+      "allocation ratio (%)</text>\n",
+      (kTop + kHeight - kBottom) / 2, (kTop + kHeight - kBottom) / 2);
+  int colour = 0;
+  for (const auto& [name, sum] : sums) {
+    std::string points;
+    for (const auto& [arrived, allocated] : sum) {
+      points += fmt::format("{:.1f},{:.1f} ", x(arrived), y(allocated / runs[name]));
+    }
+    const char* stroke = kColours[colour % 8];
+    svg +=
+        fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" points=\"{}\"/>\n",
+                    stroke, points);
+    svg += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"3\"/>"
+        "<text x=\"{4}\" y=\"{5}\">{6}</text>\n",
+        kWidth - kRight + 12, kTop + 14 + 18 * colour, kWidth - kRight + 32, stroke,
+        kWidth - kRight + 38, kTop + 18 + 18 * colour, name);
+    ++colour;
+  }
+  return svg + "</svg>\n";
+}
+
+}  // namespace tessera::sched

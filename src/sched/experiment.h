@@ -1,0 +1,55 @@
+// Trace replay through the placement engine (the same engine the extender uses).
+//
+// The FGD paper's experiment: sample pods with replacement from a trace (seeded) until their
+// GPU requests reach `max_load` of the cluster's GPU capacity; place them one at a time;
+// nothing leaves; a pod that fits nowhere stays pending. The curve is the GPU allocation
+// ratio (allocated / capacity) against arrived load (requested / capacity).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sched/engine.h"
+#include "sched/trace.h"
+
+namespace tessera::sched {
+
+struct CurvePoint {
+  double arrived = 0;     // requested GPU / capacity
+  double allocated = 0;   // allocated GPU / capacity
+  double fragmented = 0;  // fragmented GPU (under the target workload) / capacity
+};
+
+struct RunResult {
+  Policy policy = Policy::fgd;
+  std::uint64_t seed = 0;
+  std::vector<CurvePoint> curve;  // at every 1 % of arrived load
+  long placed = 0, pending = 0;
+  double seconds = 0;
+  // Allocation ratio when arrived load first reached `load`.
+  double allocated_at(double load) const;
+};
+
+RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
+                        Policy policy, std::uint64_t seed, double max_load);
+
+// Replays the trace in creation order with its deletions; the curve is sampled against the
+// GPU requests of the pods alive at each point.
+RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
+                     Policy policy, std::uint64_t seed);
+
+struct Job {
+  Policy policy;
+  std::uint64_t seed;
+};
+// Runs jobs on `threads` threads; `progress` is called (serialised) as each finishes.
+std::vector<RunResult> run_all(const std::vector<Job>& jobs, int threads,
+                               const std::function<RunResult(const Job&)>& run,
+                               const std::function<void(const RunResult&, int done)>& progress);
+
+// A plot of mean allocation against arrived load per policy.
+std::string plot_svg(const std::vector<RunResult>& results);
+
+}  // namespace tessera::sched

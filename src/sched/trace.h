@@ -1,0 +1,41 @@
+// Cluster traces in the Alibaba GPU-sharing format (../shared/data/openb): node lists
+// (sn,cpu_milli,memory_mib,gpu,model) and pod lists (name,cpu_milli,memory_mib,num_gpu,
+// gpu_milli[,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time]).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera::sched {
+
+inline constexpr int kMilli = 1000;  // milli-GPU in one GPU
+inline constexpr int kMaxGpusPerNode = 16;
+
+struct NodeSpec {
+  std::string name;
+  std::int64_t cpu_milli = 0;
+  std::int64_t memory_mib = 0;
+  int gpus = 0;
+  std::string model;  // empty for a CPU-only node
+};
+
+struct PodSpec {
+  std::string name;
+  std::int64_t cpu_milli = 0;
+  std::int64_t memory_mib = 0;
+  int gpus = 0;                     // 0: CPU only
+  int gpu_milli = 0;                // per GPU; < 1000 only with gpus == 1 (a sharing pod)
+  std::vector<std::string> models;  // allowed GPU models; empty: any
+  std::int64_t creation_time = -1;  // seconds; -1 where the trace has none
+  std::int64_t deletion_time = -1;
+
+  bool shares_gpu() const { return gpus == 1 && gpu_milli < kMilli; }
+  std::int64_t gpu_milli_total() const { return std::int64_t{gpus} * gpu_milli; }
+};
+
+// Both throw std::runtime_error naming the file, line and column of the first bad field.
+std::vector<NodeSpec> read_nodes(const std::string& path);
+std::vector<PodSpec> read_pods(const std::string& path);
+
+}  // namespace tessera::sched
