@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -260,6 +261,14 @@ int current_device() {
   CUdevice device = -1;
   if (hook().real.cuCtxGetDevice(&device) != CUDA_SUCCESS) return -1;
   return device;
+}
+
+void format_gpu_uuid(const CUuuid& uuid, char (&text)[64]) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  std::snprintf(text, sizeof text,
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
 }
 
 bool charge(int device, std::uint64_t bytes) {

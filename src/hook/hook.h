@@ -95,6 +95,9 @@ CUresult failure_result();
 // The device ordinal of the calling thread's current context, or -1 without one.
 int current_device();
 
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as NVML names the device with this UUID.
+void format_gpu_uuid(const CUuuid& uuid, char (&text)[64]);
+
 // Charges and releases on the group ledger.
 bool charge(int device, std::uint64_t bytes);
 void uncharge(int device, std::uint64_t bytes);

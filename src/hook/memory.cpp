@@ -322,12 +322,8 @@ bool nvml_device_for(CUdevice device, nvmlDevice_t& nvml_device) {
   if (!state.nvml_loaded || state.nvml.nvmlDeviceGetHandleByUUID == nullptr) return false;
   CUuuid uuid{};
   if (state.real.cuDeviceGetUuid(&uuid, device) != CUDA_SUCCESS) return false;
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
   char text[64];
-  std::snprintf(text, sizeof text,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                b[14], b[15]);
+  format_gpu_uuid(uuid, text);
   if (state.nvml.nvmlInit_v2 != nullptr) state.nvml.nvmlInit_v2();
   return state.nvml.nvmlDeviceGetHandleByUUID(text, &nvml_device) == NVML_SUCCESS;
 }

@@ -40,12 +40,8 @@ int ordinal_of(nvmlDevice_t nvml_device) {
   for (int ordinal = 0; ordinal < count && ordinal < kMaxDevices; ++ordinal) {
     CUuuid uuid{};
     if (state.real.cuDeviceGetUuid(&uuid, ordinal) != CUDA_SUCCESS) continue;
-    const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
     char text[64];
-    std::snprintf(text, sizeof text,
-                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                  b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                  b[14], b[15]);
+    format_gpu_uuid(uuid, text);
     if (__builtin_strcmp(text, wanted) == 0) return ordinal;
   }
   return -1;
