@@ -39,7 +39,8 @@ struct SimOptions {
   double load = 1.3;
   int threads = 2;
   bool replay = false;  // the trace's own creation and deletion times instead of sampling
-  std::string output;   // directory for curve.csv and allocation.svg
+  std::string workload = "trace-then-sample";  // or "sample"
+  std::string output;                          // directory for curve.csv and allocation.svg
 };
 int sim_command(const SimOptions& options);
 

@@ -50,6 +50,9 @@ int main(int argc, char** argv) {
   sim_app->add_option("--load", sim.load, "Arrived GPU load to sample up to (1.3 = 130%)");
   sim_app->add_option("--threads", sim.threads, "Runs in parallel")->check(CLI::Range(1, 256));
   sim_app->add_flag("--replay", sim.replay, "Use the trace's own creation and deletion times");
+  sim_app->add_option("--workload", sim.workload,
+                      "trace-then-sample (the paper's: the whole trace shuffled, then sampled "
+                      "pods) or sample (only sampled pods)");
   sim_app->add_option("--output", sim.output, "Directory for curve.csv and allocation.svg");
 
   // CLI11 would only say "a subcommand is required"; name the word it did not know.

@@ -68,6 +68,12 @@ int sim_command(const SimOptions& options) {
   for (sched::Policy policy : parse_policies(options.policies)) {
     for (std::uint64_t seed : seeds) jobs.push_back({policy, seed});
   }
+  if (options.workload != "trace-then-sample" && options.workload != "sample") {
+    throw std::runtime_error(
+        fmt::format("--workload '{}' must be trace-then-sample or sample", options.workload));
+  }
+  const sched::Workload workload =
+      options.workload == "sample" ? sched::Workload::sample : sched::Workload::trace_then_sample;
   if (!(options.load > 0 && options.load <= 10)) {
     throw std::runtime_error(fmt::format("--load {} must be above 0 and at most 10", options.load));
   }
@@ -76,9 +82,9 @@ int sim_command(const SimOptions& options) {
   const auto results = sched::run_all(
       jobs, options.threads,
       [&](const sched::Job& job) {
-        return options.replay
-                   ? sched::run_replay(nodes, pods, job.policy, job.seed)
-                   : sched::run_inflation(nodes, pods, job.policy, job.seed, options.load);
+        return options.replay ? sched::run_replay(nodes, pods, job.policy, job.seed)
+                              : sched::run_inflation(nodes, pods, job.policy, job.seed,
+                                                     options.load, workload);
       },
       [&](const sched::RunResult& result, int done) {
         fmt::print(stderr, "[{}/{}] {} seed {}: {} placed, {} pending, {:.1f} s\n", done,

@@ -26,7 +26,7 @@ double RunResult::allocated_at(double load) const {
 }
 
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
-                        Policy policy, std::uint64_t seed, double max_load) {
+                        Policy policy, std::uint64_t seed, double max_load, Workload workload) {
   const auto start = std::chrono::steady_clock::now();
   Cluster cluster(nodes);
   cluster.set_target_workload(trace);
@@ -36,8 +36,15 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
   const double capacity = static_cast<double>(cluster.gpu_milli_total());
   double arrived = 0;
   int next_percent = 1;
+  std::vector<std::size_t> shuffled;
+  if (workload == Workload::trace_then_sample) {
+    for (std::size_t i = 0; i < trace.size(); ++i) shuffled.push_back(i);
+    std::shuffle(shuffled.begin(), shuffled.end(), random);
+  }
+  std::size_t next_in_trace = 0;
   while (arrived < max_load * capacity) {
-    const PodSpec& pod = trace[pick(random)];
+    const PodSpec& pod =
+        next_in_trace < shuffled.size() ? trace[shuffled[next_in_trace++]] : trace[pick(random)];
     const Request request = cluster.request_for(pod);
     arrived += static_cast<double>(pod.gpu_milli_total());
     const Placement placement = cluster.place(request, policy, random);

@@ -1,9 +1,13 @@
 // Trace replay through the placement engine (the same engine the extender uses).
 //
-// The FGD paper's experiment: sample pods with replacement from a trace (seeded) until their
-// GPU requests reach `max_load` of the cluster's GPU capacity; place them one at a time;
-// nothing leaves; a pod that fits nowhere stays pending. The curve is the GPU allocation
-// ratio (allocated / capacity) against arrived load (requested / capacity).
+// The FGD paper's experiment: pods arrive until their GPU requests reach `max_load` of the
+// cluster's GPU capacity; they are placed one at a time; nothing leaves; a pod that fits
+// nowhere stays pending. The curve is the GPU allocation ratio (allocated / capacity) against
+// arrived load (requested / capacity).
+//
+// Which pods arrive: the whole trace in a seeded random order and then pods sampled from it
+// with replacement, as the paper's scripts do (shuffle, then inflate); or, with
+// Workload::sample, only pods sampled with replacement.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +19,8 @@
 #include "sched/trace.h"
 
 namespace tessera::sched {
+
+enum class Workload { trace_then_sample, sample };
 
 struct CurvePoint {
   double arrived = 0;     // requested GPU / capacity
@@ -33,7 +39,8 @@ struct RunResult {
 };
 
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
-                        Policy policy, std::uint64_t seed, double max_load);
+                        Policy policy, std::uint64_t seed, double max_load,
+                        Workload workload = Workload::trace_then_sample);
 
 // Replays the trace in creation order with its deletions; the curve is sampled against the
 // GPU requests of the pods alive at each point.
