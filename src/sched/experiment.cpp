@@ -193,6 +193,7 @@ std::string plot_svg(const std::vector<RunResult>& results) {
   for (const auto& [name, sum] : sums) {
     std::string points;
     for (const auto& [arrived, allocated] : sum) {
+      if (allocated / runs[name] < y_min) continue;  // below the plotted range: not drawn
       points += fmt::format("{:.1f},{:.1f} ", x(arrived), y(allocated / runs[name]));
     }
     const char* stroke = kColours[colour % 8];
