@@ -60,7 +60,7 @@ void Decide(benchmark::State& state) {
 }
 BENCHMARK(Decide)->ArgsProduct({{static_cast<long>(Policy::best_fit),
                                  static_cast<long>(Policy::fgd),
-                                 static_cast<long>(Policy::fgd_exact)},
+                                 static_cast<long>(Policy::fgd_packed)},
                                 {50, 95}});
 
 }  // namespace

@@ -26,7 +26,7 @@ const std::vector<std::pair<Policy, const char*>>& policy_names() {
       {Policy::gpu_clustering, "gpu-clustering"},
       {Policy::spread, "spread"},
       {Policy::fgd, "fgd"},
-      {Policy::fgd_exact, "fgd-exact"}};
+      {Policy::fgd_packed, "fgd-packed"}};
   return names;
 }
 
@@ -222,11 +222,11 @@ double Cluster::fragmentation() const {
 
 // --- scoring -----------------------------------------------------------------------------
 
-Cluster::Score Cluster::fgd_score(const Node& node, const Request& request, bool exact) const {
+Cluster::Score Cluster::fgd_score(const Node& node, const Request& request) const {
   const double before = fragmentation(node);
   auto rate = [&](double after) {
     const double gradient = before - after;  // fragmentation removed (negative: added)
-    return exact ? gradient : std::floor(sigmoid(gradient / 1000) * kMaxScore);
+    return std::floor(sigmoid(gradient / 1000) * kMaxScore);
   };
   Score best;
   best.primary = -1e300;
@@ -324,26 +324,24 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
       return result;
     }
     case Policy::fgd:
-      return fgd_score(node, request, false);
-    case Policy::fgd_exact:
-      return fgd_score(node, request, true);  // place() adds the best-fit tie-break
+    case Policy::fgd_packed:
+      return fgd_score(node, request);
   }
   return result;
 }
 
-const Cluster::Score& Cluster::cached_fgd_score(int index, const Request& request, bool exact) {
+const Cluster::Score& Cluster::cached_fgd_score(int index, const Request& request) {
   std::uint64_t key = 0xcbf29ce484222325ull;
   for (std::uint64_t part :
        {static_cast<std::uint64_t>(request.cpu_milli), static_cast<std::uint64_t>(request.gpus),
-        static_cast<std::uint64_t>(request.gpu_milli), request.models,
-        static_cast<std::uint64_t>(exact)}) {
+        static_cast<std::uint64_t>(request.gpu_milli), request.models}) {
     key = (key ^ part) * 0x100000001b3ull;
   }
   key |= 1;  // never 0, the empty entry
   const Node& node = nodes_[index];
   CachedScore& slot = score_cache_[index][key % kScoreCacheSlots];
   if (slot.request != key || slot.version != node.version) {
-    slot = CachedScore{key, node.version, fgd_score(node, request, exact)};
+    slot = CachedScore{key, node.version, fgd_score(node, request)};
   }
   return slot.score;
 }
@@ -378,9 +376,9 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
     const Node& node = nodes_[index];
     if (!fits(node, request)) continue;
     Score candidate;
-    if (policy == Policy::fgd || policy == Policy::fgd_exact) {
-      candidate = cached_fgd_score(index, request, policy == Policy::fgd_exact);
-      if (policy == Policy::fgd_exact) {
+    if (policy == Policy::fgd || policy == Policy::fgd_packed) {
+      candidate = cached_fgd_score(index, request);
+      if (policy == Policy::fgd_packed) {  // among FGD's equals, the tightest fit
         candidate.secondary =
             -(static_cast<double>(node.cpu_left - request.cpu_milli) / kMaxSpecCpu +
               (static_cast<double>(node.gpu_milli_left()) -

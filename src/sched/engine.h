@@ -22,7 +22,7 @@ enum class Policy {
   gpu_clustering,  // nodes already running pods of the same kind
   spread,          // the emptiest node
   fgd,             // fragmentation gradient descent (Weng et al., ATC'23), as published
-  fgd_exact,       // Tessera's: FGD's gradient unrounded, ties to the best fit
+  fgd_packed,      // Tessera's: FGD's score, ties to the best fit instead of at random
 };
 
 // Parses "fgd", "best-fit", ...; throws std::invalid_argument naming the known ones.
@@ -90,11 +90,11 @@ class Cluster {
  private:
   struct Score {
     double primary = 0;    // higher is better
-    double secondary = 0;  // breaks ties in primary (fgd_exact only)
+    double secondary = 0;  // breaks ties in primary (fgd_packed only)
     int gpu = -1;          // for a sharing pod: the GPU to use
   };
   Score score(const Node& node, const Request& request, Policy policy) const;
-  Score fgd_score(const Node& node, const Request& request, bool exact) const;
+  Score fgd_score(const Node& node, const Request& request) const;
   void choose_gpus(const Node& node, const Request& request, int shared_gpu,
                    Placement& placement) const;
 
@@ -106,7 +106,7 @@ class Cluster {
     Score score;
   };
   static constexpr int kScoreCacheSlots = 64;  // direct-mapped by request
-  const Score& cached_fgd_score(int index, const Request& request, bool exact);
+  const Score& cached_fgd_score(int index, const Request& request);
 
   std::vector<Node> nodes_;
   std::vector<std::array<CachedScore, kScoreCacheSlots>> score_cache_;
