@@ -6,7 +6,7 @@ JOBS := $(shell nproc)
 # Every Debian package the build and the tests need.
 DEBIAN_PACKAGES := cmake make g++ pkg-config python3 \
   libgtest-dev libgmock-dev libbenchmark-dev \
-  libcli11-dev libfmt-dev nlohmann-json3-dev
+  libcli11-dev libfmt-dev nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -44,4 +44,16 @@ struct SimOptions {
 };
 int sim_command(const SimOptions& options);
 
+struct SchedulerOptions {
+  std::string listen = "127.0.0.1:8888";
+  std::string url_prefix;  // kube-scheduler's urlPrefix path, e.g. /tessera
+  std::string api_server;  // empty: the in-cluster service account
+  std::string token_file;
+  std::string ca_file;
+  std::string policy = "fgd-packed";
+  int timeout_ms = 5000;
+  int relist_seconds = 10;
+};
+int scheduler_command(const SchedulerOptions& options);
+
 }  // namespace tessera::cli

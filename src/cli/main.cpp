@@ -55,6 +55,23 @@ int main(int argc, char** argv) {
                       "pods) or sample (only sampled pods)");
   sim_app->add_option("--output", sim.output, "Directory for curve.csv and allocation.svg");
 
+  SchedulerOptions scheduler;
+  CLI::App* scheduler_app = app.add_subcommand("scheduler", "Serve the kube-scheduler extender");
+  scheduler_app->add_option("--listen", scheduler.listen, "HOST:PORT to serve on (port 0: any)");
+  scheduler_app->add_option("--url-prefix", scheduler.url_prefix,
+                            "Path before /filter, /prioritize, /bind");
+  scheduler_app->add_option("--api-server", scheduler.api_server,
+                            "Kubernetes API server URL (default: in-cluster service account)");
+  scheduler_app->add_option("--token-file", scheduler.token_file,
+                            "Bearer token for the API server");
+  scheduler_app->add_option("--ca-file", scheduler.ca_file, "CA bundle for the API server");
+  scheduler_app->add_option("--policy", scheduler.policy, "Default placement policy");
+  scheduler_app->add_option("--timeout-ms", scheduler.timeout_ms, "API server timeout per attempt")
+      ->check(CLI::Range(1, 600000));
+  scheduler_app
+      ->add_option("--relist", scheduler.relist_seconds, "Seconds between listings of pods")
+      ->check(CLI::Range(1, 86400));
+
   // CLI11 would only say "a subcommand is required"; name the word it did not know.
   const auto known = [&app](const std::string& name) {
     for (const CLI::App* command : app.get_subcommands({})) {
@@ -63,9 +80,10 @@ int main(int argc, char** argv) {
     return false;
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
-    fmt::print(stderr,
-               "tessera: unknown command '{}' (commands: run, devices, top, sim; see --help)\n",
-               argv[1]);
+    fmt::print(
+        stderr,
+        "tessera: unknown command '{}' (commands: run, devices, top, sim, scheduler; see --help)\n",
+        argv[1]);
     return 2;
   }
   CLI11_PARSE(app, argc, argv);
@@ -73,6 +91,7 @@ int main(int argc, char** argv) {
     if (run_app->parsed()) return run_command(run);
     if (devices_app->parsed()) return devices_command(devices);
     if (sim_app->parsed()) return sim_command(sim);
+    if (scheduler_app->parsed()) return scheduler_command(scheduler);
     if (top_app->parsed()) {
       top.once = top.once || top.json;
       return top_command(top);

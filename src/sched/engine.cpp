@@ -417,6 +417,24 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
   return placement;
 }
 
+bool Cluster::score_on(int node, const Request& request, Policy policy, double& value) const {
+  if (!fits(nodes_[node], request)) return false;
+  value = score(nodes_[node], request, policy).primary;
+  return true;
+}
+
+Placement Cluster::place_on(int node, const Request& request, Policy policy,
+                            std::mt19937_64& random) {
+  Placement placement;
+  if (!fits(nodes_[node], request)) return placement;
+  placement.node = node;
+  int shared_gpu = score(nodes_[node], request, policy).gpu;
+  if (policy == Policy::random && request.shares_gpu()) shared_gpu = -1;  // tightest: see place()
+  (void)random;
+  choose_gpus(nodes_[node], request, shared_gpu, placement);
+  return placement;
+}
+
 void Cluster::allocate(const Request& request, const Placement& placement) {
   Node& node = nodes_[placement.node];
   node.cpu_left -= request.cpu_milli;

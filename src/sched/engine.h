@@ -73,6 +73,10 @@ class Cluster {
   bool fits(const Node& node, const Request& request) const;
   // The best node and GPUs for request under policy (ties broken with random), or node -1.
   Placement place(const Request& request, Policy policy, std::mt19937_64& random);
+  // The same decision restricted to one node: its score (higher is better) if the request
+  // fits there, and the GPUs it would get.
+  bool score_on(int node, const Request& request, Policy policy, double& score) const;
+  Placement place_on(int node, const Request& request, Policy policy, std::mt19937_64& random);
   void allocate(const Request& request, const Placement& placement);
   void release(const Request& request, const Placement& placement);
 

@@ -1,0 +1,37 @@
+// A small Kubernetes API client over libcurl: bearer token, a CA file (or none on loopback),
+// a timeout on every call, and retries with backoff on connection errors, 429 and 5xx.
+#pragma once
+
+#include <string>
+
+namespace tessera::sched {
+
+struct ApiResponse {
+  long status = 0;  // 0: no answer (connection failed or timed out)
+  std::string body;
+  std::string error;  // libcurl's reason when status is 0
+};
+
+struct ApiClientOptions {
+  std::string server;     // e.g. https://kubernetes.default.svc
+  std::string token;      // bearer token; empty: none
+  std::string ca_file;    // empty: the system's
+  int timeout_ms = 5000;  // per attempt
+  int attempts = 3;
+};
+
+class ApiClient {
+ public:
+  explicit ApiClient(ApiClientOptions options);
+  ApiResponse get(const std::string& path) const;
+  ApiResponse post(const std::string& path, const std::string& json) const;
+  // A JSON merge patch (application/merge-patch+json).
+  ApiResponse patch(const std::string& path, const std::string& json) const;
+
+ private:
+  ApiResponse call(const char* method, const std::string& path, const std::string* body,
+                   const char* content_type) const;
+  ApiClientOptions options_;
+};
+
+}  // namespace tessera::sched

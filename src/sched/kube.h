@@ -1,0 +1,58 @@
+// Kubernetes objects as the extender sees them: nodes with the capacity Tessera advertises,
+// and pods with NVIDIA and HAMi GPU resources.
+//
+// Node capacity: CPU and memory from status.allocatable, GPUs from the annotation
+//   tessera.io/gpus: {"model": "A100-SXM4-80GB", "count": 8, "memory_mib": 81920}
+// (every GPU of a node is alike). A pod's placement is recorded on it as
+//   tessera.io/assignment: {"node": "n1", "gpus": [0, 3], "milli": 500}
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sched/engine.h"
+
+namespace tessera::sched::kube {
+
+inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
+inline constexpr const char* kAssignmentAnnotation = "tessera.io/assignment";
+inline constexpr const char* kPolicyAnnotation = "tessera.io/policy";
+
+// Kubernetes quantities: "2", "500m" (CPU, to milli-CPU); "1Gi", "512Mi", "1G", "1000" (memory,
+// to MiB, rounded up). False on anything else.
+bool parse_cpu_milli(std::string_view text, std::int64_t& milli);
+bool parse_memory_mib(std::string_view text, std::int64_t& mib);
+
+struct NodeInfo {
+  NodeSpec spec;
+  std::int64_t gpu_memory_mib = 0;  // each GPU's memory
+};
+
+// Throws std::runtime_error naming the node and the field at fault.
+NodeInfo node_from_json(const nlohmann::json& node);
+
+struct PodRequest {
+  std::string uid, name, namespace_name;
+  std::int64_t cpu_milli = 0, memory_mib = 0;
+  int gpus = 0;                                     // nvidia.com/gpu
+  std::int64_t gpumem_mib = 0;                      // nvidia.com/gpumem, per GPU
+  int gpumem_percent = 0;                           // nvidia.com/gpumem-percentage
+  int gpucores = 0;                                 // nvidia.com/gpucores, percent of a GPU
+  std::vector<std::string> use_types, nouse_types;  // nvidia.com/use-gputype, nouse-gputype
+  std::string policy;  // tessera.io/policy or HAMi's gpu-scheduler-policy
+};
+
+// Throws std::runtime_error naming the pod and the field at fault.
+PodRequest pod_from_json(const nlohmann::json& pod);
+
+// The engine's request for `pod` on a node whose GPUs each have `gpu_memory_mib`: a GPU
+// count with neither memory nor cores asks for whole GPUs.
+Request request_on(const Cluster& cluster, const PodRequest& pod, std::int64_t gpu_memory_mib);
+
+// Why a pod may not use a node's GPU model at all (empty if it may).
+std::string model_refusal(const PodRequest& pod, const std::string& model);
+
+}  // namespace tessera::sched::kube
