@@ -112,6 +112,27 @@ void LaunchKernel(benchmark::State& state) {
 }
 BENCHMARK(LaunchKernel)->Arg(0)->Arg(1);
 
+// Real launches of a 1 us kernel, in batches: with TESSERA_CORE_LIMIT set (bench/run.sh runs
+// this a second time with a 100 % share) every hooked launch is paced and measured.
+void LaunchKernelTimed(benchmark::State& state) {
+  Driver& driver = pick(static_cast<int>(state.range(0)));
+  start(driver);
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  driver.load(&module, "kernels");
+  driver.function(&function, module, "tiny@1us");
+  auto synchronize = reinterpret_cast<PFN_cuCtxSynchronize>(
+      dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuCtxSynchronize"));
+  long launches = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        driver.launch(function, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
+    if (++launches % 64 == 0) synchronize();  // keep the queue short
+  }
+  state.SetLabel(state.range(0) == 0 ? "direct" : "hooked");
+}
+BENCHMARK(LaunchKernelTimed)->Arg(0)->Arg(1);
+
 // N processes in one group, each doing `kPairs` alloc/free pairs; items/s is the total.
 void ContendedAllocFree(benchmark::State& state) {
   constexpr int kPairs = 20000;

@@ -16,4 +16,9 @@ export TESSERA_LEDGER=$scratch/bench.ledger
 LD_LIBRARY_PATH=$build/sim "$build/bench/bench_hook" \
   --benchmark_repetitions="${REPETITIONS:-7}" --benchmark_min_time=0.3 \
   --benchmark_out="$scratch/results.json" --benchmark_out_format=json >/dev/null
-python3 "$here/summarize.py" "$scratch/results.json" | tee "$build/bench/results.md"
+# The same launches once more with a compute share in force: every hooked launch is paced.
+TESSERA_CORE_LIMIT=100 LD_LIBRARY_PATH=$build/sim "$build/bench/bench_hook" \
+  --benchmark_filter=LaunchKernelTimed \
+  --benchmark_repetitions="${REPETITIONS:-7}" --benchmark_min_time=0.3 \
+  --benchmark_out="$scratch/limited.json" --benchmark_out_format=json >/dev/null
+python3 "$here/summarize.py" "$scratch/results.json" "$scratch/limited.json" | tee "$build/bench/results.md"

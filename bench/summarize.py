@@ -28,6 +28,14 @@ def main():
         verdict = "met" if added < target else "MISSED"
         print(f"| {label} | {direct:.1f} ns | {hooked:.1f} ns | {added:.1f} ns | "
               f"{hooked / direct:.2f}x | < {target} ns: {verdict} |")
+    _, limited = medians(sys.argv[2])
+    direct = runs["LaunchKernelTimed/0"]["real_time"]
+    for label, source, target in [("cuLaunchKernel of a 1 us kernel, no compute limit", runs, None),
+                                  ("cuLaunchKernel of a 1 us kernel, 100 % share (paced)", limited, 1000)]:
+        hooked = source["LaunchKernelTimed/1"]["real_time"]
+        verdict = "" if target is None else (" < 1 us: met" if hooked - direct < target else " < 1 us: MISSED")
+        print(f"| {label} | {direct:.1f} ns | {hooked:.1f} ns | {hooked - direct:.1f} ns | "
+              f"{hooked / direct:.2f}x |{verdict} |")
     print()
     print("| alloc/free pairs per second, one group | direct | hooked |")
     print("|---|---|---|")

@@ -87,6 +87,24 @@ TEST(Cli, NamedGroupsShareOneLimitAndTopShowsThem) {
   EXPECT_NE(table.out.find("shared"), std::string::npos) << table.out;
 }
 
+TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
+  ScratchDirectory scratch;
+  const Environment environment = cli_environment(scratch);
+  const Finished done =
+      run({tessera(), "run", "--memory", "1GiB", "--cores", "25", "--group", "slow", "--keep", "--",
+           worker(), "saturate", "plain", "k@100us", "0.6"},
+          environment);
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  const auto rows = nlohmann::json::parse(run({tessera(), "top", "--json"}, environment).out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["cores"].get<int>(), 25);
+  EXPECT_GT(rows[0]["throttled_ms"].get<int>(), 200);  // it wanted the whole device
+  const Finished bad =
+      run({tessera(), "run", "--memory", "1GiB", "--cores", "101", "--", "true"}, environment);
+  EXPECT_NE(bad.err.find("--cores 101 must be a percentage from 1 to 100"), std::string::npos)
+      << bad.err;
+}
+
 TEST(Cli, TopReportsAnUnreadableLedgerAndCarriesOn) {
   ScratchDirectory scratch;
   std::ofstream(scratch.file("broken.ledger")) << "garbage";

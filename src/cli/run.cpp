@@ -42,6 +42,10 @@ int run_command(const RunOptions& options) {
         fmt::format("--memory '{}' is not a size larger than 0 (write e.g. 8GiB, 512MiB or 8g)",
                     options.memory));
   }
+  if (options.cores && (*options.cores < 1 || *options.cores > 100)) {
+    throw std::runtime_error(
+        fmt::format("--cores {} must be a percentage from 1 to 100", *options.cores));
+  }
   if (options.device && (*options.device < 0 || *options.device >= kMaxDevices)) {
     throw std::runtime_error(
         fmt::format("--device {} is out of range (0 to {})", *options.device, kMaxDevices - 1));
@@ -63,6 +67,9 @@ int run_command(const RunOptions& options) {
   // The group sees one GPU with --device (as its device 0), else every GPU, each limited.
   ledger::GroupSpec spec;
   spec.name = group.c_str();
+  const auto cores = static_cast<std::uint32_t>(options.cores.value_or(0));
+  for (auto& percent : spec.limits.core_percent) percent = options.device ? 0 : cores;
+  spec.limits.core_percent[0] = cores;
   if (options.device) {
     spec.limits.memory_bytes[0] = limit;
     setenv("CUDA_VISIBLE_DEVICES", std::to_string(*options.device).c_str(), 1);
@@ -77,6 +84,10 @@ int run_command(const RunOptions& options) {
   setenv("TESSERA_LEDGER", path.c_str(), 1);
   setenv("TESSERA_MEMORY_LIMIT",
          options.device ? fmt::format("0={}", limit).c_str() : std::to_string(limit).c_str(), 1);
+  if (cores != 0) {
+    setenv("TESSERA_CORE_LIMIT",
+           (options.device ? fmt::format("0={}", cores) : std::to_string(cores)).c_str(), 1);
+  }
   prepend_to_path_variable("LD_PRELOAD", installation.hook_library, ':');
 
   child_pid = fork();

@@ -34,7 +34,7 @@ nlohmann::json snapshot(const std::string& directory) {
     const int members = ledger.live_members();
     for (int device = 0; device < kMaxDevices; ++device) {
       const ledger::DeviceUsage usage = ledger.usage(device);
-      if (usage.limit == kUnlimited && usage.peak == 0) continue;
+      if (usage.limit == kUnlimited && usage.peak == 0 && usage.cores == 0) continue;
       if (device > 0 && usage.peak == 0 && usage.used == 0 &&
           usage.limit == ledger.effective_limit(0)) {
         continue;  // the same limit on every device: show the ones in use, and device 0
@@ -45,6 +45,8 @@ nlohmann::json snapshot(const std::string& directory) {
                       {"used", usage.used},
                       {"peak", usage.peak},
                       {"refused", usage.rejections},
+                      {"cores", usage.cores},
+                      {"throttled_ms", usage.throttled_ns / 1000000},
                       {"members", members}});
     }
   }
@@ -52,22 +54,23 @@ nlohmann::json snapshot(const std::string& directory) {
 }
 
 void print_table(const nlohmann::json& rows) {
-  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>9}\n", "GROUP", "DEVICE", "LIMIT", "USED",
-             "PEAK", "REFUSED", "MEMBERS");
+  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>12}{:>9}\n", "GROUP", "DEVICE", "LIMIT",
+             "USED", "PEAK", "REFUSED", "CORES", "THROTTLED", "MEMBERS");
   for (const auto& row : rows) {
     if (row.contains("error")) {
       fmt::print("{:<20} unreadable: {}\n", row["group"].get<std::string>(),
                  row["error"].get<std::string>());
       continue;
     }
-    fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>9}\n", row["group"].get<std::string>(),
-               row["device"].get<int>(),
-               row["limit"].get<std::uint64_t>() == kUnlimited
-                   ? std::string("none")
-                   : human_size(row["limit"].get<std::uint64_t>()),
-               human_size(row["used"].get<std::uint64_t>()),
-               human_size(row["peak"].get<std::uint64_t>()), row["refused"].get<std::uint64_t>(),
-               row["members"].get<int>());
+    const auto limit = row["limit"].get<std::uint64_t>();
+    const auto cores = row["cores"].get<std::uint32_t>();
+    fmt::print(
+        "{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>12}{:>9}\n", row["group"].get<std::string>(),
+        row["device"].get<int>(), limit == kUnlimited ? std::string("none") : human_size(limit),
+        human_size(row["used"].get<std::uint64_t>()), human_size(row["peak"].get<std::uint64_t>()),
+        row["refused"].get<std::uint64_t>(),
+        cores == 0 ? std::string("-") : fmt::format("{}%", cores),
+        fmt::format("{} ms", row["throttled_ms"].get<std::uint64_t>()), row["members"].get<int>());
   }
 }
 

@@ -16,10 +16,13 @@ inline constexpr std::uint64_t kUnlimited = 0;  // a limit of 0 means "none"
 
 struct DeviceLimits {
   std::uint64_t memory_bytes[kMaxDevices] = {};  // kUnlimited where none applies
+  std::uint32_t core_percent[kMaxDevices] = {};  // 0 where no compute share applies
 
   // Lowers device's limit to bytes (a bytes of kUnlimited changes nothing).
   void tighten(int device, std::uint64_t bytes);
+  void tighten_cores(int device, std::uint32_t percent);
   bool any() const;
+  bool any_cores() const;
 };
 
 // Reads one variable's value into limits. `variable` is only used for messages. A value
@@ -30,5 +33,9 @@ bool parse_memory_limit_list(const char* variable, const char* value, DeviceLimi
 // Reads every supported variable from getenv; false with a message naming the variable
 // and its value if any is malformed.
 bool memory_limits_from_environment(DeviceLimits& limits, ErrorText& error);
+
+// Compute shares: TESSERA_CORE_LIMIT ("30" for every device, or "0=30,1=50") and HAMi's
+// CUDA_DEVICE_SM_LIMIT / CUDA_DEVICE_SM_LIMIT_<i>, percent of a device's time from 1 to 100.
+bool core_limits_from_environment(DeviceLimits& limits, ErrorText& error);
 
 }  // namespace tessera

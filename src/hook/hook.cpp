@@ -161,7 +161,7 @@ bool open_ledger(Hook& state, const DeviceLimits& limits) {
              cache != nullptr && cache[0] != '\0') {
     spec.name = "hami";
     if (!state.ledger.create_or_open(cache, spec, state.failure)) return false;
-  } else if (limits.any()) {
+  } else if (limits.any() || limits.any_cores()) {
     spec.name = "process";
     if (!state.ledger.create_private(spec, state.failure)) return false;
   } else {
@@ -202,9 +202,15 @@ void initialize() {
 #undef TESSERA_RESOLVE
 
   DeviceLimits limits;
-  if (!memory_limits_from_environment(limits, state.failure) || !open_ledger(state, limits)) {
+  if (!memory_limits_from_environment(limits, state.failure) ||
+      !core_limits_from_environment(limits, state.failure) || !open_ledger(state, limits)) {
     state.failed = true;
     return;
+  }
+  if (state.accounting) {
+    for (int device = 0; device < kMaxDevices; ++device) {
+      state.compute_limited = state.compute_limited || state.ledger.effective_cores(device) != 0;
+    }
   }
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
   log(LogLevel::info, "hook", "ready: %s",

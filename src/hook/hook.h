@@ -85,6 +85,8 @@ struct Hook {
   } primary[kMaxDevices];
 
   pthread_mutex_t pool_lock;  // serialises pool operations so growth is attributed exactly
+
+  bool compute_limited;  // some device has a compute share: launches are paced
 };
 
 // The initialised hook; the first call in the process initialises it.

@@ -1,42 +1,246 @@
-// Launch entry points. Every path into the device's time is interposed here (kernels,
-// Ex, cooperative, graphs, host functions, and their per-thread-stream forms) so that a
-// compute share applies to all of them; with no share configured each forwards at once.
+// Compute share: every path into the device's time (kernels, Ex, cooperative, graphs, and
+// their per-thread-stream forms) is paced against the group's share, kept as one clock per
+// device in the ledger that all members advance (Ledger::pace). What a launch costs is
+// learned from CUDA events recorded on its stream just before and just after it: device time
+// only, never mixed with the host's clock. Other processes' work queued in between can only
+// lengthen that, so the estimate is the least of the recent observations. Until a kernel has been
+// seen once its first launch is waited for, and no stream has more than kInFlight launches
+// unmeasured, so no burst of unpriced work can run ahead of the share. With no share configured
+// each launch forwards at once.
+#include <time.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "common/log.h"
 #include "hook/hook.h"
 
 using namespace tessera::abi;
+using namespace tessera::hook;
 
-#define FORWARD_LAUNCH(name, params, arguments) \
-  HOOK_EXPORT CUresult name params {            \
-    HOOK_ENTER();                               \
-    return state.real.name arguments;           \
+namespace tessera::hook {
+namespace {
+
+constexpr int kInFlight = 64;
+constexpr int kSamples = 16;
+constexpr std::uint64_t kLeadNs = 2'000'000;  // how far a group may run ahead of its share
+
+std::uint64_t now_ns() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::uint64_t>(now.tv_sec) * 1000000000ull +
+         static_cast<std::uint64_t>(now.tv_nsec);
+}
+
+void sleep_until(std::uint64_t when_ns) {
+  const timespec until{static_cast<time_t>(when_ns / 1000000000ull),
+                       static_cast<long>(when_ns % 1000000000ull)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nullptr) != 0) {
   }
+}
+
+struct Cost {
+  std::uint64_t samples[kSamples];
+  int count;
+  int next;
+  std::uint64_t estimate() const {
+    std::uint64_t least = 0;
+    for (int i = 0; i < count; ++i) least = (i == 0 || samples[i] < least) ? samples[i] : least;
+    return least;
+  }
+  void add(std::uint64_t duration) {
+    samples[next] = duration;
+    next = (next + 1) % kSamples;
+    if (count < kSamples) ++count;
+  }
+};
+
+struct Pending {
+  CUevent before, after;
+  std::uint64_t key;
+};
+
+// A stream's governed launches still being measured, and events to reuse.
+struct Track {
+  Pending pending[kInFlight];
+  int head, count;
+  CUevent spare[2 * kInFlight];
+  int spares;
+};
+
+struct ComputeState {
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  HandleTable<Cost> costs;     // by launch key
+  HandleTable<Track*> tracks;  // by stream (or context, for the default stream)
+};
+
+ComputeState* compute_state = nullptr;
+pthread_once_t compute_once = PTHREAD_ONCE_INIT;
+
+void reset_compute_after_fork() {  // the child has none of the parent's streams
+  pthread_mutex_init(&compute_state->lock, nullptr);
+  compute_state->tracks.clear();
+}
+
+void create_compute_state() {
+  void* memory = std::calloc(1, sizeof(ComputeState));
+  compute_state = new (memory) ComputeState();  // never destroyed: see common/immortal.h
+  pthread_atfork(nullptr, nullptr, reset_compute_after_fork);
+}
+
+ComputeState& compute() {
+  pthread_once(&compute_once, create_compute_state);
+  return *compute_state;
+}
+
+Track* track_for_locked(CUstream stream) {
+  CUcontext context = nullptr;
+  hook().real.cuCtxGetCurrent(&context);
+  const std::uint64_t key = stream != nullptr ? reinterpret_cast<std::uint64_t>(stream)
+                                              : reinterpret_cast<std::uint64_t>(context) | 1;
+  if (Track** found = compute().tracks.find(key)) return *found;
+  auto* track = static_cast<Track*>(std::calloc(1, sizeof(Track)));
+  if (track != nullptr) compute().tracks.put(key, track);
+  return track;
+}
+
+CUevent take_event_locked(Track& track) {
+  if (track.spares > 0) return track.spare[--track.spares];
+  CUevent event = nullptr;
+  return hook().real.cuEventCreate(&event, 0) == CUDA_SUCCESS ? event : nullptr;
+}
+
+// Measures finished launches (and, if `wait`, waits for the oldest first).
+void collect_locked(Track& track, bool wait) {
+  Hook& state = hook();
+  while (track.count > 0) {
+    Pending& entry = track.pending[track.head];
+    const CUresult status =
+        wait ? state.real.cuEventSynchronize(entry.after) : state.real.cuEventQuery(entry.after);
+    wait = false;
+    if (status != CUDA_SUCCESS) break;
+    float milliseconds = 0;
+    if (state.real.cuEventElapsedTime(&milliseconds, entry.before, entry.after) == CUDA_SUCCESS &&
+        milliseconds > 0) {
+      Cost cost{};
+      if (Cost* known = compute().costs.find(entry.key)) cost = *known;
+      cost.add(static_cast<std::uint64_t>(static_cast<double>(milliseconds) * 1e6));
+      compute().costs.put(entry.key, cost);
+    }
+    track.spare[track.spares++] = entry.before;
+    track.spare[track.spares++] = entry.after;
+    track.head = (track.head + 1) % kInFlight;
+    --track.count;
+  }
+}
+
+template <typename Launch>
+CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
+  Hook& state = hook();
+  const int device = current_device();
+  if (device < 0 || device >= kMaxDevices || state.ledger.effective_cores(device) == 0)
+    return launch();
+  ComputeState& shared = compute();
+  pthread_mutex_lock(&shared.lock);
+  Track* track = track_for_locked(stream);
+  if (track == nullptr) {
+    pthread_mutex_unlock(&shared.lock);
+    return launch();
+  }
+  collect_locked(*track, track->count == kInFlight);
+  const Cost* known = shared.costs.find(key);
+  const std::uint64_t estimate = known != nullptr ? known->estimate() : 0;
+  pthread_mutex_unlock(&shared.lock);
+
+  if (estimate > 0) {  // wait for the share to have earned it
+    const std::uint64_t now = now_ns();
+    const std::uint64_t allowed = state.ledger.pace(device, estimate, now, kLeadNs);
+    if (allowed > now) {
+      sleep_until(allowed);
+      state.ledger.add_throttled(device, allowed - now);
+    }
+  }
+  pthread_mutex_lock(&shared.lock);
+  CUevent before = take_event_locked(*track);
+  if (before != nullptr && state.real.cuEventRecord(before, stream) != CUDA_SUCCESS) {
+    track->spare[track->spares++] = before;
+    before = nullptr;
+  }
+  pthread_mutex_unlock(&shared.lock);
+  const CUresult result = launch();
+  pthread_mutex_lock(&shared.lock);
+  CUevent after = before != nullptr && result == CUDA_SUCCESS ? take_event_locked(*track) : nullptr;
+  if (after != nullptr && state.real.cuEventRecord(after, stream) == CUDA_SUCCESS) {
+    track->pending[(track->head + track->count) % kInFlight] = Pending{before, after, key};
+    ++track->count;
+  } else {
+    if (before != nullptr) track->spare[track->spares++] = before;
+    if (after != nullptr) track->spare[track->spares++] = after;
+  }
+  if (estimate == 0 &&
+      result == CUDA_SUCCESS) {  // an unpriced kernel: learn its cost now, and charge it
+    collect_locked(*track, true);
+    const Cost* learned = shared.costs.find(key);
+    if (learned != nullptr) state.ledger.pace(device, learned->estimate(), now_ns(), kLeadNs);
+  }
+  pthread_mutex_unlock(&shared.lock);
+  return result;
+}
+
+std::uint64_t kernel_key(CUfunction f, unsigned x, unsigned y, unsigned z) {
+  return reinterpret_cast<std::uint64_t>(f) ^ (std::uint64_t{x} * y * z * 0x9e3779b97f4a7c15ull);
+}
+
+}  // namespace
+}  // namespace tessera::hook
 
 #define GRID_ARGUMENTS gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes
 
-FORWARD_LAUNCH(cuLaunchKernel,
-               (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams,
-                void** extra),
-               (f, GRID_ARGUMENTS, hStream, kernelParams, extra))
-FORWARD_LAUNCH(cuLaunchKernel_ptsz,
-               (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams,
-                void** extra),
-               (f, GRID_ARGUMENTS, hStream, kernelParams, extra))
-FORWARD_LAUNCH(cuLaunchKernelEx,
-               (const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra),
-               (config, f, kernelParams, extra))
-FORWARD_LAUNCH(cuLaunchKernelEx_ptsz,
-               (const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra),
-               (config, f, kernelParams, extra))
-FORWARD_LAUNCH(cuLaunchCooperativeKernel,
-               (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams),
-               (f, GRID_ARGUMENTS, hStream, kernelParams))
-FORWARD_LAUNCH(cuLaunchCooperativeKernel_ptsz,
-               (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams),
-               (f, GRID_ARGUMENTS, hStream, kernelParams))
-FORWARD_LAUNCH(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))
-FORWARD_LAUNCH(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream),
-               (hGraphExec, hStream))
-FORWARD_LAUNCH(cuLaunchHostFunc, (CUstream hStream, CUhostFn fn, void* userData),
-               (hStream, fn, userData))
-FORWARD_LAUNCH(cuLaunchHostFunc_ptsz, (CUstream hStream, CUhostFn fn, void* userData),
-               (hStream, fn, userData))
+#define GOVERNED_LAUNCH(name, params, key, stream, arguments)                          \
+  HOOK_EXPORT CUresult name params {                                                   \
+    HOOK_ENTER();                                                                      \
+    if (__builtin_expect(!state.compute_limited, 1)) return state.real.name arguments; \
+    return governed(key, stream, [&] { return state.real.name arguments; });           \
+  }
+
+GOVERNED_LAUNCH(cuLaunchKernel,
+                (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams,
+                 void** extra),
+                kernel_key(f, gridDimX, gridDimY, gridDimZ), hStream,
+                (f, GRID_ARGUMENTS, hStream, kernelParams, extra))
+GOVERNED_LAUNCH(cuLaunchKernel_ptsz,
+                (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams,
+                 void** extra),
+                kernel_key(f, gridDimX, gridDimY, gridDimZ), hStream,
+                (f, GRID_ARGUMENTS, hStream, kernelParams, extra))
+GOVERNED_LAUNCH(cuLaunchKernelEx,
+                (const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra),
+                config ? kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ) : 0,
+                config ? config->hStream : nullptr, (config, f, kernelParams, extra))
+GOVERNED_LAUNCH(cuLaunchKernelEx_ptsz,
+                (const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra),
+                config ? kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ) : 0,
+                config ? config->hStream : nullptr, (config, f, kernelParams, extra))
+GOVERNED_LAUNCH(cuLaunchCooperativeKernel,
+                (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams),
+                kernel_key(f, gridDimX, gridDimY, gridDimZ), hStream,
+                (f, GRID_ARGUMENTS, hStream, kernelParams))
+GOVERNED_LAUNCH(cuLaunchCooperativeKernel_ptsz,
+                (CUfunction f, TESSERA_LAUNCH_GRID_PARAMS, CUstream hStream, void** kernelParams),
+                kernel_key(f, gridDimX, gridDimY, gridDimZ), hStream,
+                (f, GRID_ARGUMENTS, hStream, kernelParams))
+GOVERNED_LAUNCH(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream),
+                reinterpret_cast<std::uint64_t>(hGraphExec), hStream, (hGraphExec, hStream))
+GOVERNED_LAUNCH(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream),
+                reinterpret_cast<std::uint64_t>(hGraphExec), hStream, (hGraphExec, hStream))
+
+// Host functions take no device time: forwarded as they are.
+HOOK_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) {
+  HOOK_ENTER();
+  return state.real.cuLaunchHostFunc(hStream, fn, userData);
+}
+HOOK_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) {
+  HOOK_ENTER();
+  return state.real.cuLaunchHostFunc_ptsz(hStream, fn, userData);
+}

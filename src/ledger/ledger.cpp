@@ -20,6 +20,7 @@ void initialize_file(void* base, const void* context) {
   std::strncpy(file->group_name, spec.name, sizeof file->group_name - 1);
   for (int device = 0; device < kMaxDevices; ++device) {
     file->memory_limit[device] = spec.limits.memory_bytes[device];
+    file->core_percent[device] = spec.limits.core_percent[device];
   }
   file->checksum = header_checksum(*file);
   initialize_accounts(file->accounts);
@@ -75,6 +76,7 @@ bool Ledger::attach(const char* path, ErrorText& error) {
   }
   for (int device = 0; device < kMaxDevices; ++device) {
     file_limits_.memory_bytes[device] = file_->memory_limit[device];
+    file_limits_.core_percent[device] = file_->core_percent[device];
   }
   accounts_.attach(&file_->accounts, mapping_.fd);
   return true;
@@ -87,6 +89,13 @@ bool Ledger::create_or_open(const char* path, const GroupSpec& spec, ErrorText& 
     return false;
   }
   for (int device = 0; device < kMaxDevices; ++device) {
+    if (file_->core_percent[device] != spec.limits.core_percent[device]) {
+      const unsigned existing = file_->core_percent[device];
+      close();
+      return error.set(
+          "%s: group exists with a compute share of %u%% on device %d; this run asks for %u%%",
+          path, existing, device, spec.limits.core_percent[device]);
+    }
     if (file_->memory_limit[device] != spec.limits.memory_bytes[device]) {
       const unsigned long long existing = file_->memory_limit[device];
       close();
@@ -123,6 +132,28 @@ std::uint64_t Ledger::effective_limit(int device) const {
   return min_limit(file_limits_.memory_bytes[device], process_limits_.memory_bytes[device]);
 }
 
+std::uint32_t Ledger::effective_cores(int device) const {
+  const std::uint32_t file = file_limits_.core_percent[device];
+  const std::uint32_t process = process_limits_.core_percent[device];
+  if (file == 0) return process;
+  if (process == 0) return file;
+  return file < process ? file : process;
+}
+
+std::uint64_t Ledger::pace(int device, std::uint64_t cost_ns, std::uint64_t now_ns,
+                           std::uint64_t lead_ns) {
+  const std::uint32_t percent = effective_cores(device);
+  const std::uint64_t earn_ns = cost_ns * 100 / (percent == 0 ? 100 : percent);
+  std::atomic<std::uint64_t>& clock = file_->compute_clock_ns[device];
+  std::uint64_t granted = clock.load(std::memory_order_relaxed);
+  std::uint64_t start = 0;
+  do {
+    // Idle time is not saved up: a hard cap never lends more than `lead_ns`.
+    start = granted > now_ns ? granted : now_ns;
+  } while (!clock.compare_exchange_weak(granted, start + earn_ns, std::memory_order_relaxed));
+  return start > now_ns + lead_ns ? start - lead_ns : now_ns;
+}
+
 bool Ledger::join(ErrorText& error) {
   if (accounts_.join(error)) return true;
   ErrorText reason = error;
@@ -131,7 +162,12 @@ bool Ledger::join(ErrorText& error) {
 
 DeviceUsage Ledger::usage(int device) {
   const AccountsUsage accounts = accounts_.usage(device);
-  return {effective_limit(device), accounts.used, accounts.peak, accounts.rejections};
+  return {effective_limit(device),
+          effective_cores(device),
+          file_->throttled_ns[device].load(std::memory_order_relaxed),
+          accounts.used,
+          accounts.peak,
+          accounts.rejections};
 }
 
 void Ledger::after_fork_in_child() {

@@ -29,11 +29,16 @@ struct LedgerFile {
   std::uint32_t max_members;
   char group_name[64];
   std::uint64_t memory_limit[kMaxDevices];  // kUnlimited where none
+  std::uint32_t core_percent[kMaxDevices];  // compute share; 0 where none
   std::uint64_t checksum;
 
   // What a context was last measured to cost on each device: members charge this before
   // creating one, so the group is not over its limit while a context comes up.
   std::atomic<std::uint64_t> context_bytes[kMaxDevices];
+  // The group's pacing clock per device: when the device time it has been granted so far
+  // will have been earned at its share (CLOCK_MONOTONIC ns). Shared by all members.
+  std::atomic<std::uint64_t> compute_clock_ns[kMaxDevices];
+  std::atomic<std::uint64_t> throttled_ns[kMaxDevices];  // time members waited for it
   SharedAccounts accounts;
 };
 
@@ -44,6 +49,8 @@ struct GroupSpec {
 
 struct DeviceUsage {
   std::uint64_t limit = kUnlimited;  // effective limit for this process
+  std::uint32_t cores = 0;           // compute share, percent; 0: none
+  std::uint64_t throttled_ns = 0;    // time members waited for their share
   std::uint64_t used = 0;            // group usage, dead members excluded
   std::uint64_t peak = 0;
   std::uint64_t rejections = 0;
@@ -68,6 +75,15 @@ class Ledger {
   // Limits this process was given by its environment; enforced together with the file's.
   void set_process_limits(const DeviceLimits& limits) { process_limits_ = limits; }
   std::uint64_t effective_limit(int device) const;
+  std::uint32_t effective_cores(int device) const;
+
+  // Grants cost_ns of device time at the group's share; returns when the caller may launch
+  // (at most `lead_ns` ahead of what the share has earned by then).
+  std::uint64_t pace(int device, std::uint64_t cost_ns, std::uint64_t now_ns,
+                     std::uint64_t lead_ns);
+  void add_throttled(int device, std::uint64_t ns) {
+    file_->throttled_ns[device].fetch_add(ns, std::memory_order_relaxed);
+  }
 
   // Claims a member slot for this process. Idempotent; must precede reserve().
   bool join(ErrorText& error);

@@ -408,6 +408,55 @@ int kernels(const std::string& mode, const char* name, int count, unsigned block
   return 0;
 }
 
+// Keeps the device busy for SECONDS with kernels named NAME through one launch path, as a
+// saturating workload does; prints its window.
+int saturate(const std::string& mode, const char* name, double seconds) {
+  start();
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  check(cuModuleLoadData(&module, "kernels"), "cuModuleLoadData");
+  check(cuModuleGetFunction(&function, module, name), "cuModuleGetFunction");
+  CUstream stream = nullptr;
+  check(cuStreamCreate(&stream, 0), "cuStreamCreate");
+  CUgraphExec graph = nullptr;
+  if (mode == "graph") {
+    CUgraph captured = nullptr;
+    check(cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture");
+    for (int i = 0; i < 4; ++i) {
+      check(cuLaunchKernel(function, 1, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr), "captured");
+    }
+    check(cuStreamEndCapture(stream, &captured), "cuStreamEndCapture");
+    check(cuGraphInstantiateWithFlags(&graph, captured, 0), "cuGraphInstantiate");
+  }
+  const std::uint64_t begin = monotonic_ns();
+  const auto until = begin + static_cast<std::uint64_t>(seconds * 1e9);
+  long launches = 0;
+  CUevent batches[2] = {nullptr, nullptr};
+  while (monotonic_ns() < until) {
+    if (mode == "graph") {
+      check(cuGraphLaunch(graph, stream), "cuGraphLaunch");
+    } else if (mode == "coop") {
+      check(cuLaunchCooperativeKernel(function, 1, 1, 1, 128, 1, 1, 0, stream, nullptr), "coop");
+    } else {
+      check(cuLaunchKernel(function, 1, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr),
+            "cuLaunchKernel");
+    }
+    // Keep the queue short, as a pipelined loop does: wait for the batch before last, so the
+    // device always has the last batch to run and never idles for want of work.
+    if (++launches % 8 == 0) {
+      CUevent& slot = batches[(launches / 8) % 2];
+      if (slot != nullptr) check(cuEventSynchronize(slot), "cuEventSynchronize");
+      if (slot == nullptr) check(cuEventCreate(&slot, 0), "cuEventCreate");
+      check(cuEventRecord(slot, stream), "cuEventRecord");
+    }
+  }
+  check(cuStreamSynchronize(stream), "cuStreamSynchronize");
+  std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", getpid(),
+              static_cast<unsigned long long>(begin),
+              static_cast<unsigned long long>(monotonic_ns()), launches);
+  return 0;
+}
+
 int fill(std::size_t chunk) {
   start();
   print_view("");
@@ -462,6 +511,7 @@ int main(int argc, char** argv) {
   }
   if (command == "fill" && argc >= 3) return fill(number(2));
   if (command == "pool-cache" && argc >= 3) return pool_cache(number(2));
+  if (command == "saturate" && argc >= 5) return saturate(argv[2], argv[3], std::atof(argv[4]));
   if (command == "kernels" && argc >= 5) {
     return kernels(argv[2], argv[3], static_cast<int>(number(4)),
                    argc > 5 ? static_cast<unsigned>(number(5)) : 1u);
