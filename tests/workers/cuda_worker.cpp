@@ -348,31 +348,49 @@ std::uint64_t monotonic_ns() {
          static_cast<std::uint64_t>(now.tv_nsec);
 }
 
+// A kernel from the simulated module and a stream to launch it on.
+struct LoadedKernel {
+  CUfunction function = nullptr;
+  CUstream stream = nullptr;
+};
+
+LoadedKernel load_kernel(const char* name) {
+  start();
+  LoadedKernel loaded;
+  CUmodule module = nullptr;
+  check(cuModuleLoadData(&module, "kernels"), "cuModuleLoadData");
+  check(cuModuleGetFunction(&loaded.function, module, name), "cuModuleGetFunction");
+  check(cuStreamCreate(&loaded.stream, 0), "cuStreamCreate");
+  return loaded;
+}
+
+// Captures `count` launches of `blocks` blocks into a graph, ready to launch.
+CUgraphExec capture(const LoadedKernel& kernel, int count, unsigned blocks) {
+  CUgraph captured = nullptr;
+  CUgraphExec graph = nullptr;
+  check(cuStreamBeginCapture_v2(kernel.stream, 0), "cuStreamBeginCapture");
+  for (int i = 0; i < count; ++i) {
+    check(cuLaunchKernel(kernel.function, blocks, 1, 1, 128, 1, 1, 0, kernel.stream, nullptr,
+                         nullptr),
+          "captured launch");
+  }
+  check(cuStreamEndCapture(kernel.stream, &captured), "cuStreamEndCapture");
+  check(cuGraphInstantiateWithFlags(&graph, captured, 0), "cuGraphInstantiate");
+  return graph;
+}
+
 // Launches COUNT kernels named NAME (on the simulated GPU "k@2ms" runs 2 ms a wave) through
 // one launch path, BLOCKS blocks each, then synchronises. Prints the wall-clock window and
 // the GPU time between events recorded around the work.
 int kernels(const std::string& mode, const char* name, int count, unsigned blocks) {
-  start();
-  CUmodule module = nullptr;
-  CUfunction function = nullptr;
-  check(cuModuleLoadData(&module, "kernels"), "cuModuleLoadData");
-  check(cuModuleGetFunction(&function, module, name), "cuModuleGetFunction");
-  CUstream stream = nullptr;
-  check(cuStreamCreate(&stream, 0), "cuStreamCreate");
+  const LoadedKernel kernel = load_kernel(name);
+  CUfunction function = kernel.function;
+  CUstream stream = kernel.stream;
   CUevent before = nullptr, after = nullptr;
   check(cuEventCreate(&before, 0), "cuEventCreate");
   check(cuEventCreate(&after, 0), "cuEventCreate");
-  CUgraphExec graph = nullptr;
-  if (mode == "graph") {  // capture COUNT kernels once, launch the graph once
-    CUgraph captured = nullptr;
-    check(cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture");
-    for (int i = 0; i < count; ++i) {
-      check(cuLaunchKernel(function, blocks, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr),
-            "captured launch");
-    }
-    check(cuStreamEndCapture(stream, &captured), "cuStreamEndCapture");
-    check(cuGraphInstantiateWithFlags(&graph, captured, 0), "cuGraphInstantiate");
-  }
+  // A graph captures COUNT kernels once and is launched once.
+  CUgraphExec graph = mode == "graph" ? capture(kernel, count, blocks) : nullptr;
   const std::uint64_t begin = monotonic_ns();
   check(cuEventRecord(before, stream), "cuEventRecord");
   if (mode == "graph") {
@@ -411,23 +429,10 @@ int kernels(const std::string& mode, const char* name, int count, unsigned block
 // Keeps the device busy for SECONDS with kernels named NAME through one launch path, as a
 // saturating workload does; prints its window.
 int saturate(const std::string& mode, const char* name, double seconds) {
-  start();
-  CUmodule module = nullptr;
-  CUfunction function = nullptr;
-  check(cuModuleLoadData(&module, "kernels"), "cuModuleLoadData");
-  check(cuModuleGetFunction(&function, module, name), "cuModuleGetFunction");
-  CUstream stream = nullptr;
-  check(cuStreamCreate(&stream, 0), "cuStreamCreate");
-  CUgraphExec graph = nullptr;
-  if (mode == "graph") {
-    CUgraph captured = nullptr;
-    check(cuStreamBeginCapture_v2(stream, 0), "cuStreamBeginCapture");
-    for (int i = 0; i < 4; ++i) {
-      check(cuLaunchKernel(function, 1, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr), "captured");
-    }
-    check(cuStreamEndCapture(stream, &captured), "cuStreamEndCapture");
-    check(cuGraphInstantiateWithFlags(&graph, captured, 0), "cuGraphInstantiate");
-  }
+  const LoadedKernel kernel = load_kernel(name);
+  CUfunction function = kernel.function;
+  CUstream stream = kernel.stream;
+  CUgraphExec graph = mode == "graph" ? capture(kernel, 4, 1) : nullptr;
   const std::uint64_t begin = monotonic_ns();
   const auto until = begin + static_cast<std::uint64_t>(seconds * 1e9);
   long launches = 0;
