@@ -50,7 +50,7 @@ TEST_P(ComputeShare, AGroupGetsItsShareWhateverItsKernelsAndLaunchPath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Compute, ComputeShare,
-                         ::testing::Combine(::testing::Values(10, 30, 70),
+                         ::testing::Combine(::testing::Values(10, 30, 50, 70, 90),
                                             ::testing::Values("short@20us", "long@5ms"),
                                             ::testing::Values("plain", "graph", "coop")));
 
