@@ -99,10 +99,33 @@ TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0]["cores"].get<int>(), 25);
   EXPECT_GT(rows[0]["throttled_ms"].get<int>(), 200);  // it wanted the whole device
+  // 0.6 s at 25 % is 150 ms of device time; nothing ran during top's own interval.
+  EXPECT_NEAR(rows[0]["device_time_ns"].get<double>() / 1e6, 150, 15);
+  EXPECT_EQ(rows[0]["achieved_percent"].get<double>(), 0.0);
   const Finished bad =
       run({tessera(), "run", "--memory", "1GiB", "--cores", "101", "--", "true"}, environment);
   EXPECT_NE(bad.err.find("--cores 101 must be a percentage from 1 to 100"), std::string::npos)
       << bad.err;
+}
+
+TEST(Cli, TopShowsTheShareAGroupAchievesWhileItRuns) {
+  ScratchDirectory scratch;
+  const Environment environment = cli_environment(scratch);
+  Running busy({tessera(), "run", "--memory", "1GiB", "--cores", "40", "--group", "busy", "--",
+                worker(), "saturate", "plain", "k@100us", "6"},
+               environment);
+  // Until the group has launched, top's interval may begin before its first kernel.
+  nlohmann::json rows;
+  for (int attempt = 0; attempt < 4 && (rows.empty() || rows[0]["device_time_ns"] == 0);
+       ++attempt) {
+    rows = nlohmann::json::parse(
+        run({tessera(), "top", "--json", "--interval", "0.5"}, environment).out);
+  }
+  rows =
+      nlohmann::json::parse(run({tessera(), "top", "--json", "--interval", "1"}, environment).out);
+  ASSERT_EQ(rows.size(), 1u) << rows.dump();
+  EXPECT_NEAR(rows[0]["achieved_percent"].get<double>(), 40, 4);
+  EXPECT_EQ(busy.wait(), 0);
 }
 
 TEST(Cli, TopReportsAnUnreadableLedgerAndCarriesOn) {

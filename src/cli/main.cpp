@@ -32,10 +32,13 @@ int main(int argc, char** argv) {
   devices_app->add_flag("--json", devices.json, "Print JSON");
 
   TopOptions top;
-  CLI::App* top_app = app.add_subcommand("top", "Show each group's memory on each device");
-  top_app->add_flag("--once", top.once, "Print one snapshot and exit");
+  CLI::App* top_app =
+      app.add_subcommand("top", "Show each group's memory and compute on each device");
+  top_app->add_flag("--once", top.once, "Print one snapshot (after one interval) and exit");
   top_app->add_flag("--json", top.json, "Print JSON (implies --once)");
-  top_app->add_option("--interval", top.interval_seconds, "Seconds between refreshes")
+  top_app
+      ->add_option("--interval", top.interval_seconds,
+                   "Seconds between refreshes, over which ACHIEVED is measured")
       ->check(CLI::PositiveNumber);
 
   SimOptions sim;

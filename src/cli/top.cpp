@@ -1,4 +1,4 @@
-// tessera top: each sharing group's memory on each device, read from the ledgers.
+// tessera top: each sharing group's memory and compute on each device, read from the ledgers.
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -47,15 +47,39 @@ nlohmann::json snapshot(const std::string& directory) {
                       {"refused", usage.rejections},
                       {"cores", usage.cores},
                       {"throttled_ms", usage.throttled_ns / 1000000},
+                      {"device_time_ns", usage.device_time_ns},
                       {"members", members}});
     }
   }
   return rows;
 }
 
+std::uint64_t monotonic_ns() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+// Adds each row's achieved share: the device time its launches were granted between the
+// two snapshots, as a percentage of the time between them.
+void add_achieved(nlohmann::json& rows, const nlohmann::json& before, std::uint64_t elapsed_ns) {
+  for (auto& row : rows) {
+    if (row.contains("error")) continue;
+    std::uint64_t earlier = row["device_time_ns"].get<std::uint64_t>();  // a new group: none
+    for (const auto& old : before) {
+      if (!old.contains("error") && old["group"] == row["group"] && old["device"] == row["device"])
+        earlier = std::min(earlier, old["device_time_ns"].get<std::uint64_t>());
+    }
+    const std::uint64_t granted = row["device_time_ns"].get<std::uint64_t>() - earlier;
+    row["achieved_percent"] =
+        elapsed_ns == 0 ? 0.0
+                        : 100.0 * static_cast<double>(granted) / static_cast<double>(elapsed_ns);
+  }
+}
+
 void print_table(const nlohmann::json& rows) {
-  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>12}{:>9}\n", "GROUP", "DEVICE", "LIMIT",
-             "USED", "PEAK", "REFUSED", "CORES", "THROTTLED", "MEMBERS");
+  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>9}\n", "GROUP", "DEVICE",
+             "LIMIT", "USED", "PEAK", "REFUSED", "CORES", "ACHIEVED", "THROTTLED", "MEMBERS");
   for (const auto& row : rows) {
     if (row.contains("error")) {
       fmt::print("{:<20} unreadable: {}\n", row["group"].get<std::string>(),
@@ -64,13 +88,15 @@ void print_table(const nlohmann::json& rows) {
     }
     const auto limit = row["limit"].get<std::uint64_t>();
     const auto cores = row["cores"].get<std::uint32_t>();
-    fmt::print(
-        "{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>12}{:>9}\n", row["group"].get<std::string>(),
-        row["device"].get<int>(), limit == kUnlimited ? std::string("none") : human_size(limit),
-        human_size(row["used"].get<std::uint64_t>()), human_size(row["peak"].get<std::uint64_t>()),
-        row["refused"].get<std::uint64_t>(),
-        cores == 0 ? std::string("-") : fmt::format("{}%", cores),
-        fmt::format("{} ms", row["throttled_ms"].get<std::uint64_t>()), row["members"].get<int>());
+    fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>9}\n",
+               row["group"].get<std::string>(), row["device"].get<int>(),
+               limit == kUnlimited ? std::string("none") : human_size(limit),
+               human_size(row["used"].get<std::uint64_t>()),
+               human_size(row["peak"].get<std::uint64_t>()), row["refused"].get<std::uint64_t>(),
+               cores == 0 ? std::string("-") : fmt::format("{}%", cores),
+               fmt::format("{:.1f}%", row["achieved_percent"].get<double>()),
+               fmt::format("{} ms", row["throttled_ms"].get<std::uint64_t>()),
+               row["members"].get<int>());
   }
 }
 
@@ -78,8 +104,15 @@ void print_table(const nlohmann::json& rows) {
 
 int top_command(const TopOptions& options) {
   const std::string directory = runtime_directory();
+  const auto interval = std::chrono::duration<double>(options.interval_seconds);
+  // The achieved share is measured over one interval, so even --once watches for one.
+  nlohmann::json before = snapshot(directory);
+  std::uint64_t before_ns = monotonic_ns();
   for (;;) {
-    const nlohmann::json rows = snapshot(directory);
+    std::this_thread::sleep_for(interval);
+    nlohmann::json rows = snapshot(directory);
+    const std::uint64_t now_ns = monotonic_ns();
+    add_achieved(rows, before, now_ns - before_ns);
     if (options.json) {
       fmt::print("{}\n", rows.dump(2));
     } else {
@@ -88,7 +121,8 @@ int top_command(const TopOptions& options) {
     }
     if (options.once) return 0;
     std::fflush(stdout);
-    std::this_thread::sleep_for(std::chrono::duration<double>(options.interval_seconds));
+    before = std::move(rows);
+    before_ns = now_ns;
   }
 }
 

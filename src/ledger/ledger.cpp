@@ -151,6 +151,7 @@ std::uint64_t Ledger::pace(int device, std::uint64_t cost_ns, std::uint64_t now_
     // Idle time is not saved up: a hard cap never lends more than `lead_ns`.
     start = granted > now_ns ? granted : now_ns;
   } while (!clock.compare_exchange_weak(granted, start + earn_ns, std::memory_order_relaxed));
+  file_->device_time_ns[device].fetch_add(cost_ns, std::memory_order_relaxed);
   return start > now_ns + lead_ns ? start - lead_ns : now_ns;
 }
 
@@ -165,6 +166,7 @@ DeviceUsage Ledger::usage(int device) {
   return {effective_limit(device),
           effective_cores(device),
           file_->throttled_ns[device].load(std::memory_order_relaxed),
+          file_->device_time_ns[device].load(std::memory_order_relaxed),
           accounts.used,
           accounts.peak,
           accounts.rejections};

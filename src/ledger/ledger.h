@@ -18,7 +18,7 @@
 
 namespace tessera::ledger {
 
-inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::uint32_t kFormatVersion = 2;
 
 struct LedgerFile {
   // Written once by the creator; covered by `checksum`.
@@ -38,7 +38,8 @@ struct LedgerFile {
   // The group's pacing clock per device: when the device time it has been granted so far
   // will have been earned at its share (CLOCK_MONOTONIC ns). Shared by all members.
   std::atomic<std::uint64_t> compute_clock_ns[kMaxDevices];
-  std::atomic<std::uint64_t> throttled_ns[kMaxDevices];  // time members waited for it
+  std::atomic<std::uint64_t> throttled_ns[kMaxDevices];    // time members waited for it
+  std::atomic<std::uint64_t> device_time_ns[kMaxDevices];  // device time granted to members
   SharedAccounts accounts;
 };
 
@@ -51,6 +52,7 @@ struct DeviceUsage {
   std::uint64_t limit = kUnlimited;  // effective limit for this process
   std::uint32_t cores = 0;           // compute share, percent; 0: none
   std::uint64_t throttled_ns = 0;    // time members waited for their share
+  std::uint64_t device_time_ns = 0;  // device time the group's launches were granted
   std::uint64_t used = 0;            // group usage, dead members excluded
   std::uint64_t peak = 0;
   std::uint64_t rejections = 0;
