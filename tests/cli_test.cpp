@@ -106,6 +106,10 @@ TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
       run({tessera(), "run", "--memory", "1GiB", "--cores", "101", "--", "true"}, environment);
   EXPECT_NE(bad.err.find("--cores 101 must be a percentage from 1 to 100"), std::string::npos)
       << bad.err;
+  const Finished lone_burst =
+      run({tessera(), "run", "--memory", "1GiB", "--burst", "--", "true"}, environment);
+  EXPECT_NE(lone_burst.exit_code, 0);
+  EXPECT_NE(lone_burst.err.find("--burst needs --cores"), std::string::npos) << lone_burst.err;
 }
 
 TEST(Cli, TopShowsTheShareAGroupAchievesWhileItRuns) {

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "ledger/ledger.h"
@@ -142,6 +144,33 @@ INSTANTIATE_TEST_SUITE_P(Compute, CompetingGroups,
                          ::testing::Values(std::vector<std::uint32_t>{30, 70},
                                            std::vector<std::uint32_t>{20, 30, 50}));
 
+TEST(Compute, ABurstingGroupUsesIdleTimeAndGivesItBackWithin100Ms) {
+  ScratchDirectory scratch;
+  const std::string bursting = group_with_share(scratch, "bursting", 30);
+  const std::string other = group_with_share(scratch, "other", 70);
+  Running first({worker(), "saturate", "plain", "mid@500us", "2.0"},
+                hooked(scratch, {{"TESSERA_LEDGER", bursting}, {"TESSERA_CORE_BURST", "1"}}));
+  // The scenario: a second group arrives 0.8 s later (a time in the experiment, not a wait
+  // for anything to happen).
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  const Finished second = run({worker(), "saturate", "plain", "mid@500us", "0.8"},
+                              hooked(scratch, {{"TESSERA_LEDGER", other}}));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  Finished alone;
+  std::string line;
+  while (!(line = first.read_line()).empty()) alone.out += line + "\n";
+  ASSERT_EQ(first.wait(), 0);
+  const auto first_pid = static_cast<std::int32_t>(alone.number("pid"));
+  const auto second_pid = static_cast<std::int32_t>(second.number("pid"));
+  const std::uint64_t arrival = second.number("begin_ns");
+  // Alone, it took nearly the whole device.
+  EXPECT_GT(share_of(scratch, {first_pid}, alone.number("begin_ns") + kSettle, arrival), 0.95);
+  // From 100 ms after the newcomer arrived, each has its share.
+  const std::uint64_t from = arrival + 100'000'000, to = arrival + 700'000'000;
+  EXPECT_NEAR(100 * share_of(scratch, {second_pid}, from, to), 70, 2.0);
+  EXPECT_NEAR(100 * share_of(scratch, {first_pid}, from, to), 30, 2.0);
+}
+
 TEST(Compute, WithoutAShareAGroupSaturatesTheDevice) {
   ScratchDirectory scratch;
   const Finished done = run({worker(), "saturate", "plain", "k@200us", "1.0"}, hooked(scratch));
@@ -156,7 +185,8 @@ TEST(Compute, MalformedSharesAreAClearErrorAtTheFirstCudaCall) {
   ScratchDirectory scratch;
   for (const auto& [variable, value] :
        {std::pair{"TESSERA_CORE_LIMIT", "0"}, std::pair{"TESSERA_CORE_LIMIT", "130"},
-        std::pair{"CUDA_DEVICE_SM_LIMIT", "half"}, std::pair{"TESSERA_CORE_LIMIT", "0=30,x"}}) {
+        std::pair{"CUDA_DEVICE_SM_LIMIT", "half"}, std::pair{"TESSERA_CORE_LIMIT", "0=30,x"},
+        std::pair{"TESSERA_CORE_BURST", "yes"}}) {
     const Finished done = run({worker(), "init"}, hooked(scratch, {{variable, value}}));
     EXPECT_EQ(done.value("result"), "3") << variable << "=" << value;
     EXPECT_NE(done.err.find(std::string(variable) + "='" + value + "'"), std::string::npos)

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "ledger/demand.h"
 #include "support.h"
 
 namespace tessera::ledger {
@@ -373,6 +374,54 @@ TEST(Ledger, AForkedChildIsAMemberOfItsOwnAndOutlivesItsParent) {
     if (member.state.load() == 1) kill(member.pid, SIGKILL);
   }
   close(ready[0]);
+}
+
+constexpr std::uint64_t kMs = 1'000'000;
+
+Demand open_demand(const ScratchDirectory& scratch, std::uint64_t group) {
+  Demand demand;
+  ErrorText error;
+  EXPECT_TRUE(demand.open(scratch.path().c_str(), group, error)) << error.text;
+  return demand;
+}
+
+TEST(Demand, AGroupSeesOtherGroupsRecentLaunchesButNotItsOwn) {
+  ScratchDirectory scratch;
+  Demand first = open_demand(scratch, 11), member = open_demand(scratch, 11),
+         other = open_demand(scratch, 22);
+  const std::uint64_t now = 1000 * kMs;
+  member.stamp(0, now);
+  EXPECT_FALSE(first.others_active(0, now, 20 * kMs));  // its own group
+  other.stamp(0, now);
+  EXPECT_TRUE(first.others_active(0, now + 20 * kMs, 20 * kMs));
+  EXPECT_FALSE(first.others_active(0, now + 21 * kMs, 20 * kMs));  // no longer wanted
+  EXPECT_FALSE(first.others_active(1, now, 20 * kMs));             // another device
+  // A stamp from before a reboot lies in the future of the new clock: it is not demand.
+  EXPECT_FALSE(first.others_active(0, now - 100'000 * kMs, 20 * kMs));
+}
+
+TEST(Demand, SlotsOfGroupsLongGoneAreReused) {
+  ScratchDirectory scratch;
+  const std::uint64_t then = 1000 * kMs;
+  for (std::uint64_t group = 1; group <= kDemandSlots; ++group) {
+    open_demand(scratch, group).stamp(0, then);
+  }
+  Demand late = open_demand(scratch, 9999), watcher = open_demand(scratch, 1);
+  late.stamp(0, then + kMs);  // every slot is taken and recent: no room yet
+  EXPECT_FALSE(watcher.others_active(0, then + kMs, kMs / 2));
+  const std::uint64_t later = then + 61'000 * kMs;
+  late.stamp(0, later);  // a minute on, a gone group's slot is taken over
+  EXPECT_TRUE(watcher.others_active(0, later, 20 * kMs));
+}
+
+TEST(Demand, AFileThatIsNotADemandFileIsRefused) {
+  ScratchDirectory scratch;
+  std::ofstream(scratch.file("tessera.demand")) << std::string(sizeof(DemandFile), 'x');
+  Demand demand;
+  ErrorText error;
+  EXPECT_FALSE(demand.open(scratch.path().c_str(), 1, error));
+  EXPECT_NE(std::string(error.text).find("not a Tessera demand file"), std::string::npos)
+      << error.text;
 }
 
 }  // namespace

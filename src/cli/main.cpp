@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   run_app->add_option("--device", run.device, "Give the group only this GPU (physical index)");
   run_app->add_option("--cores", run.cores,
                       "Percent of the GPU's time the group may use (hard cap)");
+  run_app->add_flag("--burst", run.burst,
+                    "With --cores: also use GPU time no other group wants, and give it back");
   run_app->add_option("--group", run.group,
                       "Join or create a named group (several runs share one limit)");
   run_app->add_flag("--keep", run.keep, "Keep the group's ledger after the command ends");

@@ -56,6 +56,7 @@ int run_command(const RunOptions& options) {
         "--group '{}' must be 1 to 63 letters, digits, '-', '_' or '.'", options.group));
   }
   if (options.command.empty()) throw std::runtime_error("no command given after --");
+  if (options.burst && !options.cores) throw std::runtime_error("--burst needs --cores");
 
   const Installation installation = locate_installation();
   const bool simulated = use_simulated_gpu(installation);
@@ -84,6 +85,7 @@ int run_command(const RunOptions& options) {
   setenv("TESSERA_LEDGER", path.c_str(), 1);
   setenv("TESSERA_MEMORY_LIMIT",
          options.device ? fmt::format("0={}", limit).c_str() : std::to_string(limit).c_str(), 1);
+  if (options.burst) setenv("TESSERA_CORE_BURST", "1", 1);
   if (cores != 0) {
     setenv("TESSERA_CORE_LIMIT",
            (options.device ? fmt::format("0={}", cores) : std::to_string(cores)).c_str(), 1);

@@ -16,6 +16,7 @@
 #include "common/limits.h"
 #include "cuda_abi/cuda_abi.h"
 #include "cuda_abi/nvml_abi.h"
+#include "ledger/demand.h"
 #include "ledger/ledger.h"
 
 namespace tessera::hook {
@@ -86,7 +87,9 @@ struct Hook {
 
   pthread_mutex_t pool_lock;  // serialises pool operations so growth is attributed exactly
 
-  bool compute_limited;  // some device has a compute share: launches are paced
+  bool compute_limited;   // some device has a compute share: launches are paced
+  bool burst;             // TESSERA_CORE_BURST=1: use time no other group wants
+  ledger::Demand demand;  // which groups want each device (file ledgers only)
 };
 
 // The initialised hook; the first call in the process initialises it.

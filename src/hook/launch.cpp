@@ -25,6 +25,8 @@ namespace {
 constexpr int kInFlight = 64;
 constexpr int kSamples = 16;
 constexpr std::uint64_t kLeadNs = 2'000'000;  // how far a group may run ahead of its share
+constexpr std::uint64_t kOthersWindowNs =
+    20'000'000;  // another group launched this recently: it wants the device
 
 std::uint64_t now_ns() {
   timespec now{};
@@ -153,9 +155,18 @@ CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
   const std::uint64_t estimate = known != nullptr ? known->estimate() : 0;
   pthread_mutex_unlock(&shared.lock);
 
+  const std::uint64_t now = now_ns();
+  std::uint32_t percent = state.ledger.effective_cores(device);
+  if (state.demand.is_open()) {
+    state.demand.stamp(device, now);
+    // A bursting group takes the whole device while no other group has wanted it lately;
+    // the lead still bounds what it has queued, so a newcomer waits at most that long.
+    if (state.burst && !state.demand.others_active(device, now, kOthersWindowNs)) percent = 100;
+  } else if (state.burst) {
+    percent = 100;
+  }
   if (estimate > 0) {  // wait for the share to have earned it
-    const std::uint64_t now = now_ns();
-    const std::uint64_t allowed = state.ledger.pace(device, estimate, now, kLeadNs);
+    const std::uint64_t allowed = state.ledger.pace(device, estimate, now, kLeadNs, percent);
     if (allowed > now) {
       sleep_until(allowed);
       state.ledger.add_throttled(device, allowed - now);
@@ -182,7 +193,8 @@ CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
       result == CUDA_SUCCESS) {  // an unpriced kernel: learn its cost now, and charge it
     collect_locked(*track, true);
     const Cost* learned = shared.costs.find(key);
-    if (learned != nullptr) state.ledger.pace(device, learned->estimate(), now_ns(), kLeadNs);
+    if (learned != nullptr)
+      state.ledger.pace(device, learned->estimate(), now_ns(), kLeadNs, percent);
   }
   pthread_mutex_unlock(&shared.lock);
   return result;

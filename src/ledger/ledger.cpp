@@ -141,8 +141,7 @@ std::uint32_t Ledger::effective_cores(int device) const {
 }
 
 std::uint64_t Ledger::pace(int device, std::uint64_t cost_ns, std::uint64_t now_ns,
-                           std::uint64_t lead_ns) {
-  const std::uint32_t percent = effective_cores(device);
+                           std::uint64_t lead_ns, std::uint32_t percent) {
   const std::uint64_t earn_ns = cost_ns * 100 / (percent == 0 ? 100 : percent);
   std::atomic<std::uint64_t>& clock = file_->compute_clock_ns[device];
   std::uint64_t granted = clock.load(std::memory_order_relaxed);

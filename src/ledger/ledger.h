@@ -79,10 +79,10 @@ class Ledger {
   std::uint64_t effective_limit(int device) const;
   std::uint32_t effective_cores(int device) const;
 
-  // Grants cost_ns of device time at the group's share; returns when the caller may launch
-  // (at most `lead_ns` ahead of what the share has earned by then).
-  std::uint64_t pace(int device, std::uint64_t cost_ns, std::uint64_t now_ns,
-                     std::uint64_t lead_ns);
+  // Grants cost_ns of device time at `percent` of the device; returns when the caller may
+  // launch (at most `lead_ns` ahead of what that share has earned by then).
+  std::uint64_t pace(int device, std::uint64_t cost_ns, std::uint64_t now_ns, std::uint64_t lead_ns,
+                     std::uint32_t percent);
   void add_throttled(int device, std::uint64_t ns) {
     file_->throttled_ns[device].fetch_add(ns, std::memory_order_relaxed);
   }

@@ -1114,15 +1114,14 @@ SIM_EXPORT CUresult cuEventCreate(CUevent* handle, unsigned int) {
   *handle = static_cast<CUevent>(std::calloc(1, sizeof(Event)));
   return *handle ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-// An event completes when the device reaches it: after the stream's earlier work.
+// An event completes when the device reaches it: after the stream's earlier work and, as on
+// a GPU running one context at a time, after what other processes queued before it.
 SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream handle_stream) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   auto* event = reinterpret_cast<Event*>(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  const std::uint64_t now = monotonic_ns();
-  const std::uint64_t tail = stream_of(handle_stream, context)->tail_ns;
-  event->time_ns = tail > now ? tail : now;
+  event->time_ns = machine().reach(context->device, &stream_of(handle_stream, context)->tail_ns);
   event->recorded = true;
   return CUDA_SUCCESS;
 }

@@ -93,6 +93,18 @@ std::uint64_t monotonic_ns() {
          static_cast<std::uint64_t>(now.tv_nsec);
 }
 
+std::uint64_t Machine::reach(int device, std::uint64_t* stream_tail) {
+  DeviceClock& clock = file_->clocks[device];
+  lock_robust(&clock.lock);
+  std::uint64_t at = monotonic_ns();
+  if (*stream_tail > at) at = *stream_tail;
+  if (clock.busy_until_ns > at) at = clock.busy_until_ns;
+  clock.busy_until_ns = at;
+  *stream_tail = at;
+  unlock_robust(&clock.lock);
+  return at;
+}
+
 void Machine::occupy(int device, std::uint64_t* stream_tail, std::uint64_t duration_ns) {
   DeviceClock& clock = file_->clocks[device];
   lock_robust(&clock.lock);  // a dead owner leaves only whole 64-bit values behind

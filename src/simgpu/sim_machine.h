@@ -77,6 +77,9 @@ class Machine {
   // Queues `duration_ns` of work on device behind *stream_tail (the stream's last work) and
   // everything already on the device; moves *stream_tail to its end and records it.
   void occupy(int device, std::uint64_t* stream_tail, std::uint64_t duration_ns);
+  // A marker (an event) queued now on device behind *stream_tail: when the device reaches
+  // it, after everything submitted before it by any process. Moves *stream_tail there.
+  std::uint64_t reach(int device, std::uint64_t* stream_tail);
   // What the record says about [from_ns, to_ns) on device, for pid (0: nobody in particular).
   BusyTime busy(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns) const;
   // The process is exiting: like the driver, free all it held on every device now.

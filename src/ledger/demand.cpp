@@ -1,0 +1,87 @@
+#include "ledger/demand.h"
+
+#include <cstdio>
+#include <cstring>
+
+namespace tessera::ledger {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'D', 'M', 'N', 'D'};
+constexpr std::uint64_t kStaleNs = 60'000'000'000ull;  // a slot unused this long may be taken
+
+void initialize(void* base, const void*) {
+  auto* file = static_cast<DemandFile*>(base);
+  std::memset(static_cast<void*>(file), 0, sizeof(DemandFile));
+  std::memcpy(file->magic, kMagic, sizeof kMagic);
+  file->version = 1;
+  file->slots = kDemandSlots;
+}
+
+}  // namespace
+
+bool Demand::open(const char* directory, std::uint64_t group_id, ErrorText& error) {
+  char path[4096];
+  std::snprintf(path, sizeof path, "%s/tessera.demand", directory);
+  if (!map_shared_file(path, sizeof(DemandFile), initialize, nullptr, mapping_, error))
+    return false;
+  auto* file = static_cast<DemandFile*>(mapping_.base);
+  if (std::memcmp(file->magic, kMagic, sizeof kMagic) != 0 || file->version != 1 ||
+      file->slots != kDemandSlots) {
+    mapping_.close();
+    return error.set("%s: not a Tessera demand file of this version", path);
+  }
+  file_ = file;
+  group_ = group_id;
+  return true;
+}
+
+bool Demand::stamp_is_recent(std::uint64_t stamp, std::uint64_t now_ns, std::uint64_t window_ns) {
+  // A stamp far ahead of now is from before a reboot (CLOCK_MONOTONIC restarted): not recent.
+  return stamp + window_ns >= now_ns && stamp <= now_ns + kStaleNs;
+}
+
+bool Demand::slot_is_stale(const DemandFile::Slot& slot, std::uint64_t now_ns) {
+  for (const auto& stamp : slot.last_launch_ns) {
+    if (stamp_is_recent(stamp.load(std::memory_order_relaxed), now_ns, kStaleNs)) return false;
+  }
+  return true;
+}
+
+// The group's slot: its own, else a free one, else one no group has stamped for a minute
+// (slots are never given back, so groups that come and go would otherwise use them up).
+int Demand::claim(std::uint64_t now_ns) {
+  for (int i = 0; i < kDemandSlots; ++i) {
+    DemandFile::Slot& slot = file_->slot[i];
+    std::uint64_t owner = slot.group.load();
+    if (owner == group_) return i;
+    if ((owner == 0 || slot_is_stale(slot, now_ns)) &&
+        slot.group.compare_exchange_strong(owner, group_)) {
+      for (auto& stamp : slot.last_launch_ns) stamp.store(0, std::memory_order_relaxed);
+      return i;
+    }
+    if (owner == group_) return i;  // another member of the group claimed it first
+  }
+  return -1;
+}
+
+void Demand::stamp(int device, std::uint64_t now_ns) {
+  if (mine_ < 0 || file_->slot[mine_].group.load(std::memory_order_relaxed) != group_) {
+    mine_ = claim(now_ns);
+  }
+  if (mine_ >= 0)
+    file_->slot[mine_].last_launch_ns[device].store(now_ns, std::memory_order_relaxed);
+}
+
+bool Demand::others_active(int device, std::uint64_t now_ns, std::uint64_t window_ns) const {
+  for (const auto& slot : file_->slot) {
+    const std::uint64_t owner = slot.group.load(std::memory_order_relaxed);
+    if (owner == 0 || owner == group_) continue;
+    if (stamp_is_recent(slot.last_launch_ns[device].load(std::memory_order_relaxed), now_ns,
+                        window_ns)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace tessera::ledger

@@ -1,0 +1,48 @@
+// Which groups want each device now: a small shared file beside the groups' ledgers
+// (`<ledger directory>/tessera.demand`). Each governed launch stamps its group's slot; a
+// group that may burst (use time nobody else wants) looks for other groups' recent stamps.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "common/error_text.h"
+#include "common/limits.h"
+#include "common/shared_file.h"
+
+namespace tessera::ledger {
+
+inline constexpr int kDemandSlots = 256;
+
+struct DemandFile {
+  char magic[8];
+  std::uint32_t version, slots;
+  struct Slot {
+    std::atomic<std::uint64_t> group;  // the group's ledger inode; 0: free
+    std::atomic<std::uint64_t> last_launch_ns[kMaxDevices];
+  } slot[kDemandSlots];
+};
+
+class Demand {
+ public:
+  // Opens (creating if needed) the demand file in `directory` for the group `group_id`
+  // (non-zero, the same for all its members).
+  bool open(const char* directory, std::uint64_t group_id, ErrorText& error);
+  bool is_open() const { return file_ != nullptr; }
+  // Records that the group launched on device now.
+  void stamp(int device, std::uint64_t now_ns);
+  // Whether another group launched on device within `window_ns` before now.
+  bool others_active(int device, std::uint64_t now_ns, std::uint64_t window_ns) const;
+
+ private:
+  static bool stamp_is_recent(std::uint64_t stamp, std::uint64_t now_ns, std::uint64_t window_ns);
+  static bool slot_is_stale(const DemandFile::Slot& slot, std::uint64_t now_ns);
+  int claim(std::uint64_t now_ns);
+
+  SharedMapping mapping_;
+  DemandFile* file_ = nullptr;
+  std::uint64_t group_ = 0;
+  int mine_ = -1;
+};
+
+}  // namespace tessera::ledger
