@@ -59,57 +59,6 @@ bool parse_positive_size(const char* variable, const char* value, std::string_vi
   return true;
 }
 
-}  // namespace
-
-bool parse_memory_limit_list(const char* variable, const char* value, DeviceLimits& limits,
-                             ErrorText& error) {
-  std::string_view rest(value);
-  if (rest.find('=') == std::string_view::npos) {
-    std::uint64_t bytes = 0;
-    if (!parse_positive_size(variable, value, rest, bytes, error)) return false;
-    for (int device = 0; device < kMaxDevices; ++device) limits.tighten(device, bytes);
-    return true;
-  }
-  for (bool more = true; more;) {
-    const std::size_t comma = rest.find(',');
-    const std::string_view item = slice(rest, 0, comma);
-    more = comma != std::string_view::npos;  // "0=1G," ends in an empty item: an error
-    rest = slice(rest, comma == std::string_view::npos ? rest.size() : comma + 1);
-    const std::size_t equals = item.find('=');
-    int device = 0;
-    if (equals == std::string_view::npos || !parse_device_index(slice(item, 0, equals), device)) {
-      return error.set("%s='%s': '%.*s' is not DEVICE=SIZE with DEVICE from 0 to %d", variable,
-                       value, static_cast<int>(item.size()), item.data(), kMaxDevices - 1);
-    }
-    std::uint64_t bytes = 0;
-    if (!parse_positive_size(variable, value, slice(item, equals + 1), bytes, error)) return false;
-    limits.tighten(device, bytes);
-  }
-  return true;
-}
-
-bool memory_limits_from_environment(DeviceLimits& limits, ErrorText& error) {
-  for (const char* variable : {"TESSERA_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT"}) {
-    const char* value = std::getenv(variable);
-    if (value != nullptr && !parse_memory_limit_list(variable, value, limits, error)) return false;
-  }
-  for (int device = 0; device < kMaxDevices; ++device) {
-    char variable[48];
-    std::snprintf(variable, sizeof variable, "CUDA_DEVICE_MEMORY_LIMIT_%d", device);
-    const char* value = std::getenv(variable);
-    if (value == nullptr) continue;
-    std::uint64_t bytes = 0;
-    if (!parse_positive_size(variable, value, value, bytes, error)) return false;
-    limits.tighten(device, bytes);
-  }
-  return true;
-}
-
-}  // namespace tessera
-
-namespace tessera {
-namespace {
-
 bool parse_percent(const char* variable, const char* value, std::string_view text,
                    std::uint32_t& percent, ErrorText& error) {
   std::uint32_t number = 0;
@@ -126,50 +75,96 @@ bool parse_percent(const char* variable, const char* value, std::string_view tex
   return true;
 }
 
-bool parse_core_list(const char* variable, const char* value, DeviceLimits& limits,
-                     ErrorText& error) {
+// A limit of one kind: its name in errors, how to read one value, how to apply it.
+struct LimitKind {
+  const char* value_name;  // "SIZE", "PERCENT"
+  bool (*parse)(const char* variable, const char* value, std::string_view text,
+                std::uint64_t& parsed, ErrorText& error);
+  void (*apply)(DeviceLimits& limits, int device, std::uint64_t parsed);
+};
+
+bool parse_size_value(const char* variable, const char* value, std::string_view text,
+                      std::uint64_t& parsed, ErrorText& error) {
+  return parse_positive_size(variable, value, text, parsed, error);
+}
+bool parse_percent_value(const char* variable, const char* value, std::string_view text,
+                         std::uint64_t& parsed, ErrorText& error) {
+  std::uint32_t percent = 0;
+  if (!parse_percent(variable, value, text, percent, error)) return false;
+  parsed = percent;
+  return true;
+}
+
+constexpr LimitKind kMemory{
+    "SIZE", parse_size_value,
+    [](DeviceLimits& limits, int device, std::uint64_t bytes) { limits.tighten(device, bytes); }};
+constexpr LimitKind kCores{"PERCENT", parse_percent_value,
+                           [](DeviceLimits& limits, int device, std::uint64_t percent) {
+                             limits.tighten_cores(device, static_cast<std::uint32_t>(percent));
+                           }};
+
+// "V" for every device, or "0=V,1=V" for some.
+bool parse_device_list(const LimitKind& kind, const char* variable, const char* value,
+                       DeviceLimits& limits, ErrorText& error) {
   std::string_view rest(value);
+  std::uint64_t parsed = 0;
   if (rest.find('=') == std::string_view::npos) {
-    std::uint32_t percent = 0;
-    if (!parse_percent(variable, value, rest, percent, error)) return false;
-    for (int device = 0; device < kMaxDevices; ++device) limits.tighten_cores(device, percent);
+    if (!kind.parse(variable, value, rest, parsed, error)) return false;
+    for (int device = 0; device < kMaxDevices; ++device) kind.apply(limits, device, parsed);
     return true;
   }
   for (bool more = true; more;) {
     const std::size_t comma = rest.find(',');
     const std::string_view item = slice(rest, 0, comma);
-    more = comma != std::string_view::npos;
+    more = comma != std::string_view::npos;  // "0=1G," ends in an empty item: an error
     rest = slice(rest, comma == std::string_view::npos ? rest.size() : comma + 1);
     const std::size_t equals = item.find('=');
     int device = 0;
     if (equals == std::string_view::npos || !parse_device_index(slice(item, 0, equals), device)) {
-      return error.set("%s='%s': '%.*s' is not DEVICE=PERCENT with DEVICE from 0 to %d", variable,
-                       value, static_cast<int>(item.size()), item.data(), kMaxDevices - 1);
+      return error.set("%s='%s': '%.*s' is not DEVICE=%s with DEVICE from 0 to %d", variable, value,
+                       static_cast<int>(item.size()), item.data(), kind.value_name,
+                       kMaxDevices - 1);
     }
-    std::uint32_t percent = 0;
-    if (!parse_percent(variable, value, slice(item, equals + 1), percent, error)) return false;
-    limits.tighten_cores(device, percent);
+    if (!kind.parse(variable, value, slice(item, equals + 1), parsed, error)) return false;
+    kind.apply(limits, device, parsed);
+  }
+  return true;
+}
+
+// The lists in `lists` (Tessera's and HAMi's), then HAMi's per-device `<per_device>_<i>`.
+bool limits_from_environment(const LimitKind& kind, const char* const (&lists)[2],
+                             const char* per_device, DeviceLimits& limits, ErrorText& error) {
+  for (const char* variable : lists) {
+    const char* value = std::getenv(variable);
+    if (value != nullptr && !parse_device_list(kind, variable, value, limits, error)) return false;
+  }
+  for (int device = 0; device < kMaxDevices; ++device) {
+    char variable[48];
+    std::snprintf(variable, sizeof variable, "%s_%d", per_device, device);
+    const char* value = std::getenv(variable);
+    if (value == nullptr) continue;
+    std::uint64_t parsed = 0;
+    if (!kind.parse(variable, value, value, parsed, error)) return false;
+    kind.apply(limits, device, parsed);
   }
   return true;
 }
 
 }  // namespace
 
+bool parse_memory_limit_list(const char* variable, const char* value, DeviceLimits& limits,
+                             ErrorText& error) {
+  return parse_device_list(kMemory, variable, value, limits, error);
+}
+
+bool memory_limits_from_environment(DeviceLimits& limits, ErrorText& error) {
+  static constexpr const char* kLists[2] = {"TESSERA_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT"};
+  return limits_from_environment(kMemory, kLists, "CUDA_DEVICE_MEMORY_LIMIT", limits, error);
+}
+
 bool core_limits_from_environment(DeviceLimits& limits, ErrorText& error) {
-  for (const char* variable : {"TESSERA_CORE_LIMIT", "CUDA_DEVICE_SM_LIMIT"}) {
-    const char* value = std::getenv(variable);
-    if (value != nullptr && !parse_core_list(variable, value, limits, error)) return false;
-  }
-  for (int device = 0; device < kMaxDevices; ++device) {
-    char variable[48];
-    std::snprintf(variable, sizeof variable, "CUDA_DEVICE_SM_LIMIT_%d", device);
-    const char* value = std::getenv(variable);
-    if (value == nullptr) continue;
-    std::uint32_t percent = 0;
-    if (!parse_percent(variable, value, value, percent, error)) return false;
-    limits.tighten_cores(device, percent);
-  }
-  return true;
+  static constexpr const char* kLists[2] = {"TESSERA_CORE_LIMIT", "CUDA_DEVICE_SM_LIMIT"};
+  return limits_from_environment(kCores, kLists, "CUDA_DEVICE_SM_LIMIT", limits, error);
 }
 
 }  // namespace tessera
