@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/environment.h"
+#include "common/clock.h"
 #include "common/units.h"
 #include "ledger/ledger.h"
 
@@ -54,26 +55,22 @@ nlohmann::json snapshot(const std::string& directory) {
   return rows;
 }
 
-std::uint64_t monotonic_ns() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
 // Adds each row's achieved share: the device time its launches were granted between the
-// two snapshots, as a percentage of the time between them.
+// two snapshots, as a percentage of the time between them. A group absent from the first
+// snapshot was created since, so all its granted time falls in between.
 void add_achieved(nlohmann::json& rows, const nlohmann::json& before, std::uint64_t elapsed_ns) {
   for (auto& row : rows) {
     if (row.contains("error")) continue;
-    std::uint64_t earlier = row["device_time_ns"].get<std::uint64_t>();  // a new group: none
+    const auto now_total = row["device_time_ns"].get<std::uint64_t>();
+    std::uint64_t then_total = 0;
     for (const auto& old : before) {
       if (!old.contains("error") && old["group"] == row["group"] && old["device"] == row["device"])
-        earlier = std::min(earlier, old["device_time_ns"].get<std::uint64_t>());
+        then_total = old["device_time_ns"].get<std::uint64_t>();
     }
-    const std::uint64_t granted = row["device_time_ns"].get<std::uint64_t>() - earlier;
+    // A total that went down belongs to a ledger made again under the same name.
+    const std::uint64_t granted = now_total >= then_total ? now_total - then_total : now_total;
     row["achieved_percent"] =
-        elapsed_ns == 0 ? 0.0
-                        : 100.0 * static_cast<double>(granted) / static_cast<double>(elapsed_ns);
+        100.0 * static_cast<double>(granted) / static_cast<double>(elapsed_ns);
   }
 }
 

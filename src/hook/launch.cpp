@@ -13,6 +13,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "hook/hook.h"
 
@@ -27,20 +28,6 @@ constexpr int kSamples = 16;
 constexpr std::uint64_t kLeadNs = 2'000'000;  // how far a group may run ahead of its share
 constexpr std::uint64_t kOthersWindowNs =
     20'000'000;  // another group launched this recently: it wants the device
-
-std::uint64_t now_ns() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::uint64_t>(now.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(now.tv_nsec);
-}
-
-void sleep_until(std::uint64_t when_ns) {
-  const timespec until{static_cast<time_t>(when_ns / 1000000000ull),
-                       static_cast<long>(when_ns % 1000000000ull)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nullptr) != 0) {
-  }
-}
 
 struct Cost {
   std::uint64_t samples[kSamples];
@@ -141,8 +128,9 @@ template <typename Launch>
 CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
   Hook& state = hook();
   const int device = current_device();
-  if (device < 0 || device >= kMaxDevices || state.ledger.effective_cores(device) == 0)
-    return launch();
+  if (device < 0 || device >= kMaxDevices) return launch();
+  const std::uint32_t share = state.ledger.effective_cores(device);
+  if (share == 0) return launch();
   ComputeState& shared = compute();
   pthread_mutex_lock(&shared.lock);
   Track* track = track_for_locked(stream);
@@ -155,20 +143,17 @@ CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
   const std::uint64_t estimate = known != nullptr ? known->estimate() : 0;
   pthread_mutex_unlock(&shared.lock);
 
-  const std::uint64_t now = now_ns();
-  std::uint32_t percent = state.ledger.effective_cores(device);
-  if (state.demand.is_open()) {
-    state.demand.stamp(device, now);
-    // A bursting group takes the whole device while no other group has wanted it lately;
-    // the lead still bounds what it has queued, so a newcomer waits at most that long.
-    if (state.burst && !state.demand.others_active(device, now, kOthersWindowNs)) percent = 100;
-  } else if (state.burst) {
-    percent = 100;
-  }
+  const std::uint64_t now = monotonic_ns();
+  if (state.demand.is_open()) state.demand.stamp(device, now);
+  // A bursting group takes the whole device while no other group it can see has wanted it
+  // lately; the lead still bounds what it has queued, so a newcomer waits at most that long.
+  const bool others_want_it =
+      state.demand.is_open() && state.demand.others_active(device, now, kOthersWindowNs);
+  const std::uint32_t percent = state.burst && !others_want_it ? 100 : share;
   if (estimate > 0) {  // wait for the share to have earned it
     const std::uint64_t allowed = state.ledger.pace(device, estimate, now, kLeadNs, percent);
     if (allowed > now) {
-      sleep_until(allowed);
+      sleep_until_ns(allowed);
       state.ledger.add_throttled(device, allowed - now);
     }
   }
@@ -194,7 +179,7 @@ CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
     collect_locked(*track, true);
     const Cost* learned = shared.costs.find(key);
     if (learned != nullptr)
-      state.ledger.pace(device, learned->estimate(), now_ns(), kLeadNs, percent);
+      state.ledger.pace(device, learned->estimate(), monotonic_ns(), kLeadNs, percent);
   }
   pthread_mutex_unlock(&shared.lock);
   return result;

@@ -22,6 +22,8 @@
 
 using namespace tessera::abi;
 using tessera::Immortal;
+using tessera::monotonic_ns;
+using tessera::sleep_until_ns;
 using tessera::kMaxDevices;
 using tessera::LogLevel;
 
@@ -486,10 +488,7 @@ int device_of_memfd(int fd) {
 
 void wait_until(std::uint64_t time_ns) {
   if (monotonic_ns() >= time_ns) return;  // done already: no sleep, as a finished event is
-  const timespec until{static_cast<time_t>(time_ns / 1000000000ull),
-                       static_cast<long>(time_ns % 1000000000ull)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nullptr) == EINTR) {
-  }
+  sleep_until_ns(time_ns);
 }
 
 Stream* stream_of(CUstream handle, Context* context) {

@@ -86,13 +86,6 @@ bool Machine::charge(int device, std::uint64_t bytes) {
   return accounts_.reserve(device, bytes, file_->spec.devices[device].memory_bytes);
 }
 
-std::uint64_t monotonic_ns() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::uint64_t>(now.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(now.tv_nsec);
-}
-
 std::uint64_t Machine::reach(int device, std::uint64_t* stream_tail) {
   DeviceClock& clock = file_->clocks[device];
   lock_robust(&clock.lock);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/clock.h"
 #include "common/error_text.h"
 #include "common/member_accounts.h"
 #include "common/shared_file.h"
@@ -53,8 +54,6 @@ struct BusyTime {
   std::uint64_t device_ns = 0;   // of everyone
   bool complete = true;          // false if the ring no longer reaches back to the window
 };
-
-std::uint64_t monotonic_ns();
 
 class Machine {
  public:

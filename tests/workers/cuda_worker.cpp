@@ -15,10 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "cuda_abi/cuda_abi.h"
 #include "cuda_abi/nvml_abi.h"
 
 using namespace tessera::abi;
+using tessera::monotonic_ns;
 
 #define TESSERA_DECLARE_DRIVER(name, params) extern "C" CUresult name params;
 TESSERA_CUDA_HOOKED(TESSERA_DECLARE_DRIVER)
@@ -339,13 +341,6 @@ int nvml_view() {
   std::printf("nvml2_total=%llu\nnvml2_free=%llu\nnvml2_used=%llu\n", memory2.total, memory2.free,
               memory2.used);
   return 0;
-}
-
-std::uint64_t monotonic_ns() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<std::uint64_t>(now.tv_sec) * 1000000000ull +
-         static_cast<std::uint64_t>(now.tv_nsec);
 }
 
 // A kernel from the simulated module and a stream to launch it on.
