@@ -400,6 +400,25 @@ TEST(Demand, AGroupSeesOtherGroupsRecentLaunchesButNotItsOwn) {
   EXPECT_FALSE(first.others_active(0, now - 100'000 * kMs, 20 * kMs));
 }
 
+TEST(Demand, MembersOfOneLedgerAreOneGroupBesideIt) {
+  ScratchDirectory scratch;
+  const std::string web = scratch.file("web.ledger"), batch = scratch.file("batch.ledger");
+  std::ofstream(web) << "a";
+  std::ofstream(batch) << "b";
+  Demand first, second, other;
+  ErrorText error;
+  ASSERT_TRUE(first.open_beside(web.c_str(), error)) << error.text;
+  ASSERT_TRUE(second.open_beside(web.c_str(), error)) << error.text;
+  ASSERT_TRUE(other.open_beside(batch.c_str(), error)) << error.text;
+  EXPECT_TRUE(std::ifstream(scratch.file("tessera.demand")).good());
+  const std::uint64_t now = 1000 * kMs;
+  second.stamp(0, now);
+  EXPECT_FALSE(first.others_active(0, now, 20 * kMs));
+  EXPECT_TRUE(other.others_active(0, now, 20 * kMs));
+  EXPECT_FALSE(first.open_beside(scratch.file("missing.ledger").c_str(), error));
+  EXPECT_NE(std::string(error.text).find("missing.ledger"), std::string::npos) << error.text;
+}
+
 TEST(Demand, SlotsOfGroupsLongGoneAreReused) {
   ScratchDirectory scratch;
   const std::uint64_t then = 1000 * kMs;

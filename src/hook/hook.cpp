@@ -6,7 +6,6 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
-#include <sys/stat.h>
 
 #include <atomic>
 #include <cstdio>
@@ -158,16 +157,8 @@ bool open_ledger(Hook& state, const DeviceLimits& limits) {
   spec.limits = limits;
   if (const char* path = std::getenv("TESSERA_LEDGER"); path != nullptr && path[0] != '\0') {
     if (!state.ledger.open(path, state.failure)) return false;
-    // Groups whose ledgers share a directory see each other's demand for the devices.
-    struct stat status {};
-    char directory[4096];
-    std::snprintf(directory, sizeof directory, "%s", path);
-    char* slash = std::strrchr(directory, '/');
-    if (slash != nullptr) *slash = '\0';
-    if (stat(path, &status) == 0 &&
-        !state.demand.open(slash != nullptr ? directory : ".",
-                           static_cast<std::uint64_t>(status.st_ino), state.failure)) {
-      log(LogLevel::warn, "hook", "%s", state.failure.text);  // bursting then assumes it is alone
+    if (ErrorText reason; !state.demand.open_beside(path, reason)) {
+      log(LogLevel::warn, "hook", "%s", reason.text);  // bursting then assumes it is alone
     }
   } else if (const char* cache = std::getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
              cache != nullptr && cache[0] != '\0') {

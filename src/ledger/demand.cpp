@@ -1,5 +1,7 @@
 #include "ledger/demand.h"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -8,6 +10,8 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'D', 'M', 'N', 'D'};
 constexpr std::uint64_t kStaleNs = 60'000'000'000ull;  // a slot unused this long may be taken
+// Stamps closer together than this are not written: readers keep their cached line.
+constexpr std::uint64_t kStampResolutionNs = 1'000'000;
 
 void initialize(void* base, const void*) {
   auto* file = static_cast<DemandFile*>(base);
@@ -33,6 +37,20 @@ bool Demand::open(const char* directory, std::uint64_t group_id, ErrorText& erro
   file_ = file;
   group_ = group_id;
   return true;
+}
+
+bool Demand::open_beside(const char* ledger_path, ErrorText& error) {
+  struct stat status {};
+  if (stat(ledger_path, &status) != 0) {
+    return error.set("%s: cannot read its identity for the demand file", ledger_path);
+  }
+  char directory[4096];
+  std::snprintf(directory, sizeof directory, "%s", ledger_path);
+  const auto group = static_cast<std::uint64_t>(status.st_ino);
+  char* slash = std::strrchr(directory, '/');
+  if (slash == nullptr) return open(".", group, error);
+  *slash = '\0';
+  return open(directory, group, error);
 }
 
 bool Demand::stamp_is_recent(std::uint64_t stamp, std::uint64_t now_ns, std::uint64_t window_ns) {
@@ -67,9 +85,13 @@ int Demand::claim(std::uint64_t now_ns) {
 void Demand::stamp(int device, std::uint64_t now_ns) {
   if (mine_ < 0 || file_->slot[mine_].group.load(std::memory_order_relaxed) != group_) {
     mine_ = claim(now_ns);
+    if (mine_ < 0) return;  // every slot in use within the last minute
   }
-  if (mine_ >= 0)
-    file_->slot[mine_].last_launch_ns[device].store(now_ns, std::memory_order_relaxed);
+  std::atomic<std::uint64_t>& last = file_->slot[mine_].last_launch_ns[device];
+  const std::uint64_t previous = last.load(std::memory_order_relaxed);
+  if (now_ns >= previous + kStampResolutionNs || now_ns < previous) {
+    last.store(now_ns, std::memory_order_relaxed);
+  }
 }
 
 bool Demand::others_active(int device, std::uint64_t now_ns, std::uint64_t window_ns) const {

@@ -17,7 +17,7 @@ inline constexpr int kDemandSlots = 256;
 struct DemandFile {
   char magic[8];
   std::uint32_t version, slots;
-  struct Slot {
+  struct alignas(64) Slot {            // a line of its own: groups stamp, others read
     std::atomic<std::uint64_t> group;  // the group's ledger inode; 0: free
     std::atomic<std::uint64_t> last_launch_ns[kMaxDevices];
   } slot[kDemandSlots];
@@ -28,8 +28,11 @@ class Demand {
   // Opens (creating if needed) the demand file in `directory` for the group `group_id`
   // (non-zero, the same for all its members).
   bool open(const char* directory, std::uint64_t group_id, ErrorText& error);
+  // The same for the group whose ledger is `ledger_path`: the file in the ledger's directory,
+  // the ledger's inode as the group's identity.
+  bool open_beside(const char* ledger_path, ErrorText& error);
   bool is_open() const { return file_ != nullptr; }
-  // Records that the group launched on device now.
+  // Records that the group launched on device now (to within a millisecond).
   void stamp(int device, std::uint64_t now_ns);
   // Whether another group launched on device within `window_ns` before now.
   bool others_active(int device, std::uint64_t now_ns, std::uint64_t window_ns) const;
