@@ -147,9 +147,9 @@ CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
   if (state.demand.is_open()) state.demand.stamp(device, now);
   // A bursting group takes the whole device while no other group it can see has wanted it
   // lately; the lead still bounds what it has queued, so a newcomer waits at most that long.
-  const bool others_want_it =
-      state.demand.is_open() && state.demand.others_active(device, now, kOthersWindowNs);
-  const std::uint32_t percent = state.burst && !others_want_it ? 100 : share;
+  const bool take_all = state.burst && !(state.demand.is_open() &&
+                                         state.demand.others_active(device, now, kOthersWindowNs));
+  const std::uint32_t percent = take_all ? 100 : share;
   if (estimate > 0) {  // wait for the share to have earned it
     const std::uint64_t allowed = state.ledger.pace(device, estimate, now, kLeadNs, percent);
     if (allowed > now) {
