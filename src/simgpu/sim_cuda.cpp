@@ -22,10 +22,10 @@
 
 using namespace tessera::abi;
 using tessera::Immortal;
-using tessera::monotonic_ns;
-using tessera::sleep_until_ns;
 using tessera::kMaxDevices;
 using tessera::LogLevel;
+using tessera::monotonic_ns;
+using tessera::sleep_until_ns;
 
 namespace tessera::sim {
 namespace {

@@ -118,25 +118,50 @@ void Machine::occupy(int device, std::uint64_t* stream_tail, std::uint64_t durat
   unlock_robust(&clock.lock);
 }
 
-BusyTime Machine::busy(int device, std::int32_t pid, std::uint64_t from_ns,
-                       std::uint64_t to_ns) const {
-  BusyTime busy;
-  const std::uint64_t head = file_->timeline_head.load(std::memory_order_acquire);
+namespace {
+
+// Visits each whole entry of the device record, oldest first; true if the record reaches
+// back to from_ns (the ring has not yet overwritten anything that started after it).
+template <typename Visit>
+bool walk_record(const MachineFile& file, std::uint64_t from_ns, Visit visit) {
+  const std::uint64_t head = file.timeline_head.load(std::memory_order_acquire);
   const std::uint64_t oldest = head > kTimelineEntries ? head - kTimelineEntries : 0;
   std::uint64_t earliest_seen = UINT64_MAX;
   for (std::uint64_t index = oldest; index < head; ++index) {
-    const TimelineEntry& entry = file_->timeline[index % kTimelineEntries];
+    const TimelineEntry& entry = file.timeline[index % kTimelineEntries];
     if (entry.sequence.load(std::memory_order_acquire) != index + 1) continue;
     if (entry.start_ns < earliest_seen) earliest_seen = entry.start_ns;
-    if (entry.device != device) continue;
+    visit(entry);
+  }
+  return oldest == 0 || earliest_seen <= from_ns;
+}
+
+}  // namespace
+
+BusyTime Machine::busy(int device, std::int32_t pid, std::uint64_t from_ns,
+                       std::uint64_t to_ns) const {
+  BusyTime busy;
+  busy.complete = walk_record(*file_, from_ns, [&](const TimelineEntry& entry) {
+    if (entry.device != device) return;
     const std::uint64_t start = entry.start_ns > from_ns ? entry.start_ns : from_ns;
     const std::uint64_t end = entry.end_ns < to_ns ? entry.end_ns : to_ns;
-    if (end <= start) continue;
+    if (end <= start) return;
     busy.device_ns += end - start;
     if (entry.pid == pid) busy.process_ns += end - start;
-  }
-  busy.complete = oldest == 0 || earliest_seen <= from_ns;
+  });
   return busy;
+}
+
+int Machine::pieces(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns,
+                    WorkPiece* out, int capacity) const {
+  int count = 0;
+  const bool complete = walk_record(*file_, from_ns, [&](const TimelineEntry& entry) {
+    if (entry.device != device || entry.pid != pid) return;
+    if (entry.start_ns < from_ns || entry.start_ns >= to_ns) return;
+    if (count < capacity) out[count] = {entry.start_ns, entry.end_ns};
+    ++count;
+  });
+  return complete ? count : -1;
 }
 
 // Runs when the process exits (or the library is unloaded).

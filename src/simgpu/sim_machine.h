@@ -48,6 +48,11 @@ struct MachineFile {
   TimelineEntry timeline[kTimelineEntries];  // a ring, sparse in the file until used
 };
 
+// One piece of work in the device's record.
+struct WorkPiece {
+  std::uint64_t start_ns, end_ns;
+};
+
 // Busy time seen by the device's record within a window.
 struct BusyTime {
   std::uint64_t process_ns = 0;  // of the given process
@@ -81,6 +86,11 @@ class Machine {
   std::uint64_t reach(int device, std::uint64_t* stream_tail);
   // What the record says about [from_ns, to_ns) on device, for pid (0: nobody in particular).
   BusyTime busy(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns) const;
+  // The pieces of work pid ran on device that started within [from_ns, to_ns), in the order
+  // recorded; returns how many there were (up to `capacity` are stored), or -1 if the record
+  // no longer reaches back to the window.
+  int pieces(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns,
+             WorkPiece* out, int capacity) const;
   // The process is exiting: like the driver, free all it held on every device now.
   void release_process() { accounts_.leave(); }
 
