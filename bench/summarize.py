@@ -29,9 +29,11 @@ def main():
         print(f"| {label} | {direct:.1f} ns | {hooked:.1f} ns | {added:.1f} ns | "
               f"{hooked / direct:.2f}x | < {target} ns: {verdict} |")
     _, limited = medians(sys.argv[2])
+    _, low = medians(sys.argv[3])
     direct = runs["LaunchKernelTimed/0"]["real_time"]
     for label, source, target in [("cuLaunchKernel of a 1 us kernel, no compute limit", runs, None),
-                                  ("cuLaunchKernel of a 1 us kernel, 100 % share (paced)", limited, 1000)]:
+                                  ("cuLaunchKernel of a 1 us kernel, 100 % share (paced)", limited, 1000),
+                                  ("cuLaunchKernel of a 1 us kernel, low priority (governed)", low, 1000)]:
         hooked = source["LaunchKernelTimed/1"]["real_time"]
         verdict = "" if target is None else (" < 1 us: met" if hooked - direct < target else " < 1 us: MISSED")
         print(f"| {label} | {direct:.1f} ns | {hooked:.1f} ns | {hooked - direct:.1f} ns | "

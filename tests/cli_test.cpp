@@ -110,6 +110,16 @@ TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
       run({tessera(), "run", "--memory", "1GiB", "--burst", "--", "true"}, environment);
   EXPECT_NE(lone_burst.exit_code, 0);
   EXPECT_NE(lone_burst.err.find("--burst needs --cores"), std::string::npos) << lone_burst.err;
+  const Finished urgent = run(
+      {tessera(), "run", "--memory", "1GiB", "--priority", "urgent", "--", "true"}, environment);
+  EXPECT_NE(urgent.exit_code, 0);
+  EXPECT_NE(urgent.err.find("--priority 'urgent' must be high or low"), std::string::npos)
+      << urgent.err;
+  // The group's processes are told their priority.
+  const Finished told = run({tessera(), "run", "--memory", "1GiB", "--priority", "low", "--",
+                             "printenv", "TESSERA_PRIORITY"},
+                            environment);
+  EXPECT_EQ(told.out, "low\n") << told.err;
 }
 
 TEST(Cli, TopShowsTheShareAGroupAchievesWhileItRuns) {

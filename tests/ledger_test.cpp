@@ -433,6 +433,24 @@ TEST(Demand, SlotsOfGroupsLongGoneAreReused) {
   EXPECT_TRUE(watcher.others_active(0, later, 20 * kMs));
 }
 
+TEST(Demand, HighPriorityWorkQueuesBehindHighPriorityWorkStillPending) {
+  ScratchDirectory scratch;
+  Demand web = open_demand(scratch, 1), chat = open_demand(scratch, 2),
+         batch = open_demand(scratch, 3);
+  const std::uint64_t now = 200'000 * kMs;
+  EXPECT_EQ(batch.high_work_until(0, now), 0u);  // none ever
+  web.add_high_work(0, now, 2 * kMs);
+  chat.add_high_work(0, now + kMs, 3 * kMs);  // starts when web's is done
+  EXPECT_EQ(batch.high_work_until(0, now), now + 5 * kMs);
+  EXPECT_EQ(batch.high_work_until(1, now), 0u);  // another device
+  web.add_high_work(0, now + 9 * kMs, kMs);      // the device was idle in between
+  EXPECT_EQ(batch.high_work_until(0, now + 9 * kMs), now + 10 * kMs);
+  // After a reboot the old time lies far in the new clock's future: it is not pending work.
+  EXPECT_EQ(batch.high_work_until(0, now - 100'000 * kMs), 0u);
+  chat.add_high_work(0, now - 100'000 * kMs, kMs);
+  EXPECT_EQ(batch.high_work_until(0, now - 100'000 * kMs), now - 99'999 * kMs);
+}
+
 TEST(Demand, AFileThatIsNotADemandFileIsRefused) {
   ScratchDirectory scratch;
   std::ofstream(scratch.file("tessera.demand")) << std::string(sizeof(DemandFile), 'x');

@@ -14,6 +14,7 @@ struct RunOptions {
   std::string memory;         // a size, as written by the user
   std::optional<int> cores;   // percent of the GPU's time
   bool burst = false;         // may use time no other group wants
+  std::string priority;       // "high", "low", or empty: none
   std::string group;          // empty: a group of its own
   bool keep = false;          // leave the ledger for `tessera top` after the command ends
   bool summary = false;       // print the group's limit, peak and refusals at the end

@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
                       "Percent of the GPU's time the group may use (hard cap)");
   run_app->add_flag("--burst", run.burst,
                     "With --cores: also use GPU time no other group wants, and give it back");
+  run_app->add_option("--priority", run.priority,
+                      "high: low-priority groups keep out of its way; low: waits while "
+                      "high-priority work is pending on its GPU");
   run_app->add_option("--group", run.group,
                       "Join or create a named group (several runs share one limit)");
   run_app->add_flag("--keep", run.keep, "Keep the group's ledger after the command ends");

@@ -57,6 +57,9 @@ int run_command(const RunOptions& options) {
   }
   if (options.command.empty()) throw std::runtime_error("no command given after --");
   if (options.burst && !options.cores) throw std::runtime_error("--burst needs --cores");
+  if (!options.priority.empty() && options.priority != "high" && options.priority != "low") {
+    throw std::runtime_error(fmt::format("--priority '{}' must be high or low", options.priority));
+  }
 
   const Installation installation = locate_installation();
   const bool simulated = use_simulated_gpu(installation);
@@ -86,6 +89,7 @@ int run_command(const RunOptions& options) {
   setenv("TESSERA_MEMORY_LIMIT",
          options.device ? fmt::format("0={}", limit).c_str() : std::to_string(limit).c_str(), 1);
   if (options.burst) setenv("TESSERA_CORE_BURST", "1", 1);
+  if (!options.priority.empty()) setenv("TESSERA_PRIORITY", options.priority.c_str(), 1);
   if (cores != 0) {
     setenv("TESSERA_CORE_LIMIT",
            (options.device ? fmt::format("0={}", cores) : std::to_string(cores)).c_str(), 1);

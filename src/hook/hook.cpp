@@ -164,6 +164,9 @@ bool open_ledger(Hook& state, const DeviceLimits& limits) {
              cache != nullptr && cache[0] != '\0') {
     spec.name = "hami";
     if (!state.ledger.create_or_open(cache, spec, state.failure)) return false;
+    if (ErrorText reason; !state.demand.open_beside(cache, reason)) {
+      log(LogLevel::warn, "hook", "%s", reason.text);
+    }
   } else if (limits.any() || limits.any_cores()) {
     spec.name = "process";
     if (!state.ledger.create_private(spec, state.failure)) return false;
@@ -213,12 +216,21 @@ void initialize() {
   }
   state.burst = burst != nullptr && std::strcmp(burst, "1") == 0;
   DeviceLimits limits;
-  if (!memory_limits_from_environment(limits, state.failure) ||
+  if (!priority_from_environment(state.priority, state.failure) ||
+      !memory_limits_from_environment(limits, state.failure) ||
       !core_limits_from_environment(limits, state.failure) || !open_ledger(state, limits)) {
     state.failed = true;
     return;
   }
+  if (state.priority != Priority::none && !state.demand.is_open()) {
+    // Priorities are kept between groups through the demand file beside their ledgers.
+    log(LogLevel::warn, "hook",
+        "a priority has no effect without a group ledger (TESSERA_LEDGER or "
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE)");
+    state.priority = Priority::none;
+  }
   if (state.accounting) {
+    state.compute_limited = state.priority != Priority::none;
     for (int device = 0; device < kMaxDevices; ++device) {
       state.compute_limited = state.compute_limited || state.ledger.effective_cores(device) != 0;
     }

@@ -14,6 +14,7 @@
 #include "common/error_text.h"
 #include "common/handle_table.h"
 #include "common/limits.h"
+#include "common/priority.h"
 #include "cuda_abi/cuda_abi.h"
 #include "cuda_abi/nvml_abi.h"
 #include "ledger/demand.h"
@@ -87,8 +88,9 @@ struct Hook {
 
   pthread_mutex_t pool_lock;  // serialises pool operations so growth is attributed exactly
 
-  bool compute_limited;   // some device has a compute share: launches are paced
+  bool compute_limited;   // a compute share or a priority applies: launches are governed
   bool burst;             // TESSERA_CORE_BURST=1: use time no other group wants
+  Priority priority;      // TESSERA_PRIORITY / CUDA_TASK_PRIORITY, where a demand file is open
   ledger::Demand demand;  // which groups want each device (file ledgers only)
 };
 

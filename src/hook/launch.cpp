@@ -5,8 +5,14 @@
 // only, never mixed with the host's clock. Other processes' work queued in between can only
 // lengthen that, so the estimate is the least of the recent observations. Until a kernel has been
 // seen once its first launch is waited for, and no stream has more than kInFlight launches
-// unmeasured, so no burst of unpriced work can run ahead of the share. With no share configured
-// each launch forwards at once.
+// unmeasured, so no burst of unpriced work can run ahead of the share. With no share and no
+// priority configured each launch forwards at once.
+//
+// Priority: a high-priority group records in the demand file when the work it has queued on a
+// device should be done; a low-priority launch waits until then. A device runs the work queued
+// on it in order, so low-priority work already queued when high-priority work arrives delays
+// it: while high-priority work was pending lately, a low-priority group keeps no more than
+// one launch queued (a lead of zero).
 #include <time.h>
 
 #include <cstdlib>
@@ -28,6 +34,8 @@ constexpr int kSamples = 16;
 constexpr std::uint64_t kLeadNs = 2'000'000;  // how far a group may run ahead of its share
 constexpr std::uint64_t kOthersWindowNs =
     20'000'000;  // another group launched this recently: it wants the device
+// High-priority work pending this recently: low-priority groups keep their queues short.
+constexpr std::uint64_t kHighRecentNs = 100'000'000;
 
 struct Cost {
   std::uint64_t samples[kSamples];
@@ -124,13 +132,27 @@ void collect_locked(Track& track, bool wait) {
   }
 }
 
+// Waits while high-priority work is pending on device; returns how far ahead of its share
+// the low-priority group may queue now.
+std::uint64_t yield_to_high_priority(Hook& state, int device) {
+  std::uint64_t now = monotonic_ns(), until = 0, waited = 0;
+  while ((until = state.demand.high_work_until(device, now)) > now) {
+    sleep_until_ns(until);  // high-priority work may have been queued meanwhile: look again
+    const std::uint64_t woke = monotonic_ns();
+    waited += woke - now;
+    now = woke;
+  }
+  if (waited > 0) state.ledger.add_throttled(device, waited);
+  return until != 0 && until + kHighRecentNs >= now ? 0 : kLeadNs;
+}
+
 template <typename Launch>
 CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
   Hook& state = hook();
   const int device = current_device();
   if (device < 0 || device >= kMaxDevices) return launch();
   const std::uint32_t share = state.ledger.effective_cores(device);
-  if (share == 0) return launch();
+  if (share == 0 && state.priority == Priority::none) return launch();
   ComputeState& shared = compute();
   pthread_mutex_lock(&shared.lock);
   Track* track = track_for_locked(stream);
@@ -143,20 +165,28 @@ CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
   const std::uint64_t estimate = known != nullptr ? known->estimate() : 0;
   pthread_mutex_unlock(&shared.lock);
 
+  const std::uint64_t lead =
+      state.priority == Priority::low ? yield_to_high_priority(state, device) : kLeadNs;
   const std::uint64_t now = monotonic_ns();
   if (state.demand.is_open()) state.demand.stamp(device, now);
   // A bursting group takes the whole device while no other group it can see has wanted it
   // lately; the lead still bounds what it has queued, so a newcomer waits at most that long.
-  const bool take_all = state.burst && !(state.demand.is_open() &&
-                                         state.demand.others_active(device, now, kOthersWindowNs));
+  const bool take_all =
+      share == 0 || (state.burst && !(state.demand.is_open() &&
+                                      state.demand.others_active(device, now, kOthersWindowNs)));
   const std::uint32_t percent = take_all ? 100 : share;
+  std::uint64_t launch_at = now;
   if (estimate > 0) {  // wait for the share to have earned it
-    const std::uint64_t allowed = state.ledger.pace(device, estimate, now, kLeadNs, percent);
+    const std::uint64_t allowed = state.ledger.pace(device, estimate, now, lead, percent);
     if (allowed > now) {
       sleep_until_ns(allowed);
       state.ledger.add_throttled(device, allowed - now);
+      launch_at = allowed;
     }
   }
+  // Unpriced work is waited for below; until then it keeps low-priority groups out a lead.
+  if (state.priority == Priority::high)
+    state.demand.add_high_work(device, launch_at, estimate > 0 ? estimate : kLeadNs);
   pthread_mutex_lock(&shared.lock);
   CUevent before = take_event_locked(*track);
   if (before != nullptr && state.real.cuEventRecord(before, stream) != CUDA_SUCCESS) {
@@ -179,7 +209,7 @@ CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
     collect_locked(*track, true);
     const Cost* learned = shared.costs.find(key);
     if (learned != nullptr)
-      state.ledger.pace(device, learned->estimate(), monotonic_ns(), kLeadNs, percent);
+      state.ledger.pace(device, learned->estimate(), monotonic_ns(), lead, percent);
   }
   pthread_mutex_unlock(&shared.lock);
   return result;

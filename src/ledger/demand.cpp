@@ -9,6 +9,7 @@ namespace tessera::ledger {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'D', 'M', 'N', 'D'};
+constexpr std::uint32_t kVersion = 2;                  // 2: high-priority work
 constexpr std::uint64_t kStaleNs = 60'000'000'000ull;  // a slot unused this long may be taken
 // Stamps closer together than this are not written: readers keep their cached line.
 constexpr std::uint64_t kStampResolutionNs = 1'000'000;
@@ -17,7 +18,7 @@ void initialize(void* base, const void*) {
   auto* file = static_cast<DemandFile*>(base);
   std::memset(static_cast<void*>(file), 0, sizeof(DemandFile));
   std::memcpy(file->magic, kMagic, sizeof kMagic);
-  file->version = 1;
+  file->version = kVersion;
   file->slots = kDemandSlots;
 }
 
@@ -29,7 +30,7 @@ bool Demand::open(const char* directory, std::uint64_t group_id, ErrorText& erro
   if (!map_shared_file(path, sizeof(DemandFile), initialize, nullptr, mapping_, error))
     return false;
   auto* file = static_cast<DemandFile*>(mapping_.base);
-  if (std::memcmp(file->magic, kMagic, sizeof kMagic) != 0 || file->version != 1 ||
+  if (std::memcmp(file->magic, kMagic, sizeof kMagic) != 0 || file->version != kVersion ||
       file->slots != kDemandSlots) {
     mapping_.close();
     return error.set("%s: not a Tessera demand file of this version", path);
@@ -104,6 +105,20 @@ bool Demand::others_active(int device, std::uint64_t now_ns, std::uint64_t windo
     }
   }
   return false;
+}
+
+void Demand::add_high_work(int device, std::uint64_t launch_ns, std::uint64_t cost_ns) {
+  std::atomic<std::uint64_t>& until = file_->high_work_until_ns[device];
+  std::uint64_t queued = until.load(std::memory_order_relaxed);
+  std::uint64_t start = 0;
+  do {
+    start = queued > launch_ns && queued <= launch_ns + kStaleNs ? queued : launch_ns;
+  } while (!until.compare_exchange_weak(queued, start + cost_ns, std::memory_order_relaxed));
+}
+
+std::uint64_t Demand::high_work_until(int device, std::uint64_t now_ns) const {
+  const std::uint64_t until = file_->high_work_until_ns[device].load(std::memory_order_relaxed);
+  return until <= now_ns + kStaleNs ? until : 0;
 }
 
 }  // namespace tessera::ledger

@@ -441,9 +441,13 @@ int saturate(const std::string& mode, const char* name, double seconds) {
       check(cuLaunchKernel(function, 1, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr),
             "cuLaunchKernel");
     }
+    if (++launches == 1) {  // tell whoever waits for it that the workload is running
+      std::printf("started\n");
+      std::fflush(stdout);
+    }
     // Keep the queue short, as a pipelined loop does: wait for the batch before last, so the
     // device always has the last batch to run and never idles for want of work.
-    if (++launches % 8 == 0) {
+    if (launches % 8 == 0) {
       CUevent& slot = batches[(launches / 8) % 2];
       if (slot != nullptr) check(cuEventSynchronize(slot), "cuEventSynchronize");
       if (slot == nullptr) check(cuEventCreate(&slot, 0), "cuEventCreate");
@@ -454,6 +458,28 @@ int saturate(const std::string& mode, const char* name, double seconds) {
   std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", getpid(),
               static_cast<unsigned long long>(begin),
               static_cast<unsigned long long>(monotonic_ns()), launches);
+  return 0;
+}
+
+// An interactive workload: COUNT times, launches one kernel named NAME and waits for it,
+// then idles IDLE_US. Prints its window and when it made each launch call, to be matched
+// with the device's record of when each kernel finished.
+int latency(const char* name, int count, std::uint64_t idle_us) {
+  const LoadedKernel kernel = load_kernel(name);
+  std::vector<std::uint64_t> launched;
+  const std::uint64_t begin = monotonic_ns();
+  for (int i = 0; i < count; ++i) {
+    launched.push_back(monotonic_ns());
+    check(cuLaunchKernel(kernel.function, 1, 1, 1, 128, 1, 1, 0, kernel.stream, nullptr, nullptr),
+          "cuLaunchKernel");
+    check(cuStreamSynchronize(kernel.stream), "cuStreamSynchronize");
+    tessera::sleep_until_ns(monotonic_ns() + idle_us * 1000);
+  }
+  std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\nlaunched_ns=", getpid(),
+              static_cast<unsigned long long>(begin),
+              static_cast<unsigned long long>(monotonic_ns()));
+  for (std::uint64_t time : launched) std::printf("%llu,", static_cast<unsigned long long>(time));
+  std::printf("\n");
   return 0;
 }
 
@@ -512,6 +538,9 @@ int main(int argc, char** argv) {
   if (command == "fill" && argc >= 3) return fill(number(2));
   if (command == "pool-cache" && argc >= 3) return pool_cache(number(2));
   if (command == "saturate" && argc >= 5) return saturate(argv[2], argv[3], std::atof(argv[4]));
+  if (command == "latency" && argc >= 5) {
+    return latency(argv[2], static_cast<int>(number(3)), number(4));
+  }
   if (command == "kernels" && argc >= 5) {
     return kernels(argv[2], argv[3], static_cast<int>(number(4)),
                    argc > 5 ? static_cast<unsigned>(number(5)) : 1u);

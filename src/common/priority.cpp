@@ -1,0 +1,33 @@
+#include "common/priority.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace tessera {
+namespace {
+
+// Reads one variable: `high_word` or `low_word` (`choices` says so to people); unset or empty
+// leaves `priority` as it is.
+bool read_priority(const char* variable, const char* high_word, const char* low_word,
+                   const char* choices, Priority& priority, ErrorText& error) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || value[0] == '\0') return true;
+  if (std::strcmp(value, low_word) == 0) {
+    priority = Priority::low;
+  } else if (std::strcmp(value, high_word) == 0) {
+    if (priority == Priority::none) priority = Priority::high;
+  } else {
+    return error.set("%s='%s' must be %s", variable, value, choices);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool priority_from_environment(Priority& priority, ErrorText& error) {
+  priority = Priority::none;
+  return read_priority("TESSERA_PRIORITY", "high", "low", "high or low", priority, error) &&
+         read_priority("CUDA_TASK_PRIORITY", "0", "1", "0 (high) or 1 (low)", priority, error);
+}
+
+}  // namespace tessera
