@@ -31,6 +31,7 @@ demo: build
 
 bench: build
 	bench/run.sh $(BUILD_DIR)
+	bench/compute_sweep.sh $(BUILD_DIR)
 
 format:
 	find src tests bench examples scripts -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.inc' | xargs clang-format -i
