@@ -3,7 +3,10 @@
 # Builds the hook with the C++ compiler alone (it needs nothing but libc), builds small CUDA
 # programs with nvcc if present, runs them and the Python frameworks that are installed under
 # an 8 GiB quota, and prints a table: the total each saw, what it could allocate before
-# running out, and the error it got. Read-only with respect to the GPU's settings.
+# running out, and the error it got. Then compute shares: a saturating kernel loop at 10 to
+# 70 %, a graph-launch loop and a 30/70 pair, asked against achieved; and the p99 latency of
+# a PyTorch inference loop beside a PyTorch training loop, with and without priorities.
+# Read-only with respect to the GPU's settings.
 # Usage: scripts/gpu-check/run.sh [OUTPUT_DIR]
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -12,16 +15,21 @@ work=$(mktemp -d)
 quota=${QUOTA:-8GiB}
 mkdir -p "$out"
 
-echo "== GPU (read-only NVML query)"
-nvidia-smi --query-gpu=name,memory.total,driver_version,mig.mode.current --format=csv 2>&1 | tee "$out/gpu.csv"
+if [ "${GPU_CHECK_BUILD_ONLY:-0}" != 1 ]; then
+  echo "== GPU (read-only NVML query)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,mig.mode.current --format=csv 2>&1 | tee "$out/gpu.csv"
+fi
 
 echo "== Building the hook"
 g++ -std=c++20 -O2 -fPIC -shared -I"$repo/src" -fno-exceptions -fno-rtti -fno-threadsafe-statics \
   -fvisibility=hidden -fvisibility-inlines-hidden -Wl,--as-needed -Wl,-z,defs \
   -Wl,--version-script="$repo/src/hook/exports.map" -Wl,-Bsymbolic-functions \
-  "$repo"/src/hook/*.cpp "$repo/src/ledger/ledger.cpp" "$repo"/src/common/{units,limits,log,shared_file,member_accounts}.cpp \
+  "$repo"/src/hook/*.cpp "$repo"/src/ledger/{ledger,demand}.cpp \
+  "$repo"/src/common/{units,limits,priority,log,shared_file,member_accounts}.cpp \
   -o "$work/libtessera-cuda.so" -ldl -lpthread || { echo "hook build failed"; exit 1; }
 hook="$work/libtessera-cuda.so"
+# The test suite builds the hook this way too (GPU_CHECK_BUILD_ONLY=1), so this line stays true.
+[ "${GPU_CHECK_BUILD_ONLY:-0}" = 1 ] && { echo "hook built"; rm -rf "$work"; exit 0; }
 
 echo "== Building the CUDA programs"
 driver_lib=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
@@ -31,6 +39,7 @@ g++ -std=c++20 -O2 -I"$repo/src" "$repo/examples/workloads/vmm_allocator.cpp" -o
   "$driver_lib" -lpthread
 if command -v nvcc >/dev/null; then
   nvcc -O2 -o "$work/alloc_until_oom" "$repo/scripts/gpu-check/alloc_until_oom.cu"
+  nvcc -O2 -o "$work/compute_share" "$repo/scripts/gpu-check/compute_share.cu"
 else
   echo "nvcc not found: runtime-API programs skipped"
 fi
@@ -94,9 +103,66 @@ except Exception as e:
     error = type(e).__name__
 print(f"total={total}\nallocated={len(held) * (256 << 20)}\nerror={error}")'
 
+echo "== Compute shares (each kernel loop saturates the GPU; achieved from CUDA-event timings)"
+shares=()
+share_row() { shares+=("| $1 | $2 | $3 |"); echo "  $1: asked $2, achieved $3"; }
+if [ -x "$work/compute_share" ]; then
+  share_row "kernel loop, no share" "-" "$(field achieved "$(env LD_PRELOAD="$hook" "$work/compute_share" 3 2>&1)")"
+  for share in 10 30 50 70; do
+    result=$(env LD_PRELOAD="$hook" TESSERA_CORE_LIMIT=$share "$work/compute_share" 3 2>&1)
+    share_row "kernel loop" "$share" "$(field achieved "$result")"
+  done
+  result=$(env LD_PRELOAD="$hook" TESSERA_CORE_LIMIT=30 "$work/compute_share" 3 graph 2>&1)
+  share_row "graph-launch loop" 30 "$(field achieved "$result")"
+  env LD_PRELOAD="$hook" TESSERA_CORE_LIMIT=30 "$work/compute_share" 4 >"$work/pair30" 2>&1 &
+  result=$(env LD_PRELOAD="$hook" TESSERA_CORE_LIMIT=70 "$work/compute_share" 4 2>&1)
+  wait
+  share_row "pair: first loop" 30 "$(field achieved "$(cat "$work/pair30")")"
+  share_row "pair: second loop" 70 "$(field achieved "$result")"
+fi
+
+echo "== Priority (PyTorch inference at 50 % duty beside PyTorch training)"
+priority_row=""
+if python3 -c "import torch" 2>/dev/null; then
+  program="$repo/scripts/gpu-check/torch_priority.py"
+  serve() {
+    env LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/serve.cache" CUDA_TASK_PRIORITY=0 \
+      python3 "$program" serve 300 2>&1
+  }
+  # p99 of the inference loop beside a training loop run with the given environment.
+  beside_training() {
+    env LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/train-$1.cache" "${@:2}" \
+      python3 "$program" train 120 >"$work/train.out" 2>&1 &
+    local trainer=$!
+    for _ in $(seq 600); do grep -q started "$work/train.out" && break; sleep 0.1; done
+    field p99_ms "$(serve)"
+    kill "$trainer" 2>/dev/null
+    wait "$trainer" 2>/dev/null
+  }
+  alone=$(field p99_ms "$(serve)")
+  unprioritised=$(beside_training none)
+  low=$(beside_training low CUDA_TASK_PRIORITY=1)
+  priority_row="| $alone ms | $unprioritised ms | $low ms |"
+  echo "  p99 alone $alone ms, beside training $unprioritised ms, beside low-priority training $low ms"
+else
+  echo "  torch not installed: skipped"
+fi
+
 {
   echo "| program | total seen | allocated before OOM | error |"
   echo "|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
+  if [ ${#shares[@]} -gt 0 ]; then
+    echo
+    echo "| compute | share asked (%) | achieved (%) |"
+    echo "|---|---|---|"
+    printf '%s\n' "${shares[@]}"
+  fi
+  if [ -n "$priority_row" ]; then
+    echo
+    echo "| inference p99: alone (high priority) | beside training | beside low-priority training |"
+    echo "|---|---|---|"
+    echo "$priority_row"
+  fi
 } | tee "$out/gpu-check.md"
 rm -rf "$work"
