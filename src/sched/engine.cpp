@@ -106,7 +106,6 @@ Cluster::Cluster(const std::vector<NodeSpec>& specs) {
     gpu_milli_total_ += std::int64_t{spec.gpus} * kMilli;
     nodes_.push_back(node);
   }
-  score_cache_.resize(nodes_.size());
 }
 
 Request Cluster::request_for(const PodSpec& pod) const {
@@ -149,10 +148,8 @@ void Cluster::set_target_workload(const std::vector<PodSpec>& pods, double cover
   std::map<Key, int> counts;
   for (const PodSpec& pod : pods) {
     const Request request = request_for(pod);
-    // Fragmentation is of GPUs, measured against the GPU workload: with CPU-only classes in
-    // the target, FGD loses about five points of allocation on the openb traces (90.1 % vs
-    // 94.8 % at 100 % arrived, seed 42), and the paper's published figures match without.
-    if (request.gpus == 0) continue;
+    // CPU-only pods are classes too, as the paper's experiments ran it (isInvolvedCpuPods):
+    // an idle GPU is a fragment for a pod that wants none.
     ++counts[Key{request.cpu_milli, request.gpus, request.gpu_milli, request.models}];
   }
   std::vector<std::pair<int, Key>> ranked;
@@ -330,20 +327,28 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
   return result;
 }
 
-const Cluster::Score& Cluster::cached_fgd_score(int index, const Request& request) {
+// Tessera's tie-breaker among nodes FGD rates equal (its score is an integer from 0 to 100,
+// so many are): a CPU-only pod goes where the least GPU is left, since CPU there is worth
+// least to GPU pods; a GPU-sharing pod goes to a node already in use rather than an idle
+// one, which is kept whole for pods that need whole GPUs. Higher is preferred.
+double Cluster::packing_preference(const Node& node, const Request& request) {
+  if (request.gpus == 0) return -static_cast<double>(node.gpu_milli_left());
+  if (request.shares_gpu()) return node.fully_free_gpus() == node.gpus ? 0 : 1;
+  return 0;
+}
+
+std::vector<Cluster::CachedScore>& Cluster::fgd_scores_for(const Request& request) {
   std::uint64_t key = 0xcbf29ce484222325ull;
   for (std::uint64_t part :
        {static_cast<std::uint64_t>(request.cpu_milli), static_cast<std::uint64_t>(request.gpus),
         static_cast<std::uint64_t>(request.gpu_milli), request.models}) {
     key = (key ^ part) * 0x100000001b3ull;
   }
-  key |= 1;  // never 0, the empty entry
-  const Node& node = nodes_[index];
-  CachedScore& slot = score_cache_[index][key % kScoreCacheSlots];
-  if (slot.request != key || slot.version != node.version) {
-    slot = CachedScore{key, node.version, fgd_score(node, request)};
-  }
-  return slot.score;
+  constexpr std::size_t kMostClasses = 4096;  // a long-lived scheduler sees ever new ones
+  if (score_cache_.size() >= kMostClasses && !score_cache_.contains(key)) score_cache_.clear();
+  std::vector<CachedScore>& scores = score_cache_[key];
+  scores.resize(nodes_.size());
+  return scores;
 }
 
 void Cluster::choose_gpus(const Node& node, const Request& request, int shared_gpu,
@@ -372,19 +377,19 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
   Placement placement;
   Score best;
   int ties = 0;
+  const bool by_fgd = policy == Policy::fgd || policy == Policy::fgd_packed;
+  std::vector<CachedScore>* fgd_scores = by_fgd ? &fgd_scores_for(request) : nullptr;
   for (int index = 0; index < static_cast<int>(nodes_.size()); ++index) {
     const Node& node = nodes_[index];
     if (!fits(node, request)) continue;
     Score candidate;
-    if (policy == Policy::fgd || policy == Policy::fgd_packed) {
-      candidate = cached_fgd_score(index, request);
-      if (policy == Policy::fgd_packed) {  // among FGD's equals, the tightest fit
-        candidate.secondary =
-            -(static_cast<double>(node.cpu_left - request.cpu_milli) / kMaxSpecCpu +
-              (static_cast<double>(node.gpu_milli_left()) -
-               static_cast<double>(request.gpus) * request.gpu_milli) /
-                  kMaxSpecGpu);
+    if (by_fgd) {
+      CachedScore& cached = (*fgd_scores)[index];
+      if (!cached.valid || cached.version != node.version) {
+        cached = CachedScore{true, node.version, fgd_score(node, request)};
       }
+      candidate = cached.score;
+      if (policy == Policy::fgd_packed) candidate.secondary = packing_preference(node, request);
     } else {
       candidate = score(node, request, policy);
     }
@@ -397,10 +402,11 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
       best = candidate;
       placement.node = index;
       ties = 1;
-    } else if (tie && std::uniform_int_distribution<int>(0, ties++)(random) == 0) {
-      best = candidate;  // among equals, each is kept with equal chance (as kube-scheduler does)
+    } else if (tie && policy == Policy::random &&
+               std::uniform_int_distribution<int>(0, ties++)(random) == 0) {
+      best = candidate;  // any feasible node, each with equal chance
       placement.node = index;
-    }
+    }  // other policies keep the first of equals, as the paper's simulator placed them
   }
   if (placement.node < 0) return placement;
   const Node& chosen = nodes_[placement.node];

@@ -3,7 +3,6 @@
 // the chosen node. The simulator and the scheduler extender both place through it.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -22,7 +21,7 @@ enum class Policy {
   gpu_clustering,  // nodes already running pods of the same kind
   spread,          // the emptiest node
   fgd,             // fragmentation gradient descent (Weng et al., ATC'23), as published
-  fgd_packed,      // Tessera's: FGD's score, ties to the best fit instead of at random
+  fgd_packed,      // Tessera's: FGD's score, its ties broken by packing (packing_preference)
 };
 
 // Parses "fgd", "best-fit", ...; throws std::invalid_argument naming the known ones.
@@ -71,7 +70,8 @@ class Cluster {
 
   Request request_for(const PodSpec& pod) const;
   bool fits(const Node& node, const Request& request) const;
-  // The best node and GPUs for request under policy (ties broken with random), or node -1.
+  // The best node and GPUs for request under policy, or node -1. Among equals the first node
+  // wins (under `random`, any feasible node with equal chance).
   Placement place(const Request& request, Policy policy, std::mt19937_64& random);
   // The same decision restricted to one node: its score (higher is better) if the request
   // fits there, and the GPUs it would get.
@@ -80,8 +80,8 @@ class Cluster {
   void allocate(const Request& request, const Placement& placement);
   void release(const Request& request, const Placement& placement);
 
-  // FGD's target workload: the GPU task classes of `pods` covering `coverage` of them by
-  // count, weighted by popularity.
+  // FGD's target workload: the task classes of `pods` (CPU-only ones included) covering
+  // `coverage` of them by count, weighted by popularity.
   void set_target_workload(const std::vector<PodSpec>& pods, double coverage = 0.95);
   // Fragmented milli-GPU of a node, or of the whole cluster, under the target workload.
   double fragmentation(const Node& node) const;
@@ -99,21 +99,22 @@ class Cluster {
   };
   Score score(const Node& node, const Request& request, Policy policy) const;
   Score fgd_score(const Node& node, const Request& request) const;
+  static double packing_preference(const Node& node, const Request& request);
   void choose_gpus(const Node& node, const Request& request, int shared_gpu,
                    Placement& placement) const;
 
-  // FGD scores per node and request, valid while the node's version is unchanged: requests
-  // fall into few classes, and most nodes do not change between two decisions.
+  // FGD scores by request class, then by node; an entry holds while its node's version is
+  // unchanged: requests fall into few classes, and most nodes do not change between two
+  // decisions.
   struct CachedScore {
-    std::uint64_t request = 0;
+    bool valid = false;
     std::uint32_t version = 0;
     Score score;
   };
-  static constexpr int kScoreCacheSlots = 64;  // direct-mapped by request
-  const Score& cached_fgd_score(int index, const Request& request);
+  std::vector<CachedScore>& fgd_scores_for(const Request& request);
 
   std::vector<Node> nodes_;
-  std::vector<std::array<CachedScore, kScoreCacheSlots>> score_cache_;
+  std::unordered_map<std::uint64_t, std::vector<CachedScore>> score_cache_;
   std::vector<std::string> models_;
   std::vector<TaskClass> classes_;
   mutable std::unordered_map<std::uint64_t, double> fragmentation_memo_;
