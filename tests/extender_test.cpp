@@ -5,7 +5,11 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -23,16 +27,34 @@ std::string fixture(const std::string& name) {
   return text.str();
 }
 
-// An API server that answers from recorded responses and remembers what it was asked.
+// An API server that answers from recorded responses and remembers what it was asked. Lists
+// come from the recordings; watches stream the events a test pushes.
 class FakeApiServer {
  public:
   FakeApiServer() {
-    server_.Get("/api/v1/nodes", [](const httplib::Request&, httplib::Response& response) {
-      response.set_content(fixture("nodes.json"), "application/json");
-    });
-    server_.Get("/api/v1/pods", [](const httplib::Request&, httplib::Response& response) {
-      response.set_content(fixture("pods.json"), "application/json");
-    });
+    for (const std::string resource : {"nodes", "pods"}) {
+      server_.Get("/api/v1/" + resource,
+                  [this, resource](const httplib::Request& request, httplib::Response& response) {
+                    if (!request.has_param("watch")) {
+                      ++lists[resource];
+                      response.set_content(fixture(resource + ".json"), "application/json");
+                      return;
+                    }
+                    response.set_chunked_content_provider(
+                        "application/json", [this, resource](std::size_t, httplib::DataSink& sink) {
+                          std::unique_lock<std::mutex> locked(mutex_);
+                          // Wakes for an event or, now and then, to notice the server stopping.
+                          events_changed_.wait_for(locked, std::chrono::milliseconds(100),
+                                                   [&] { return !events_[resource].empty(); });
+                          while (!events_[resource].empty()) {
+                            const std::string line = events_[resource].front() + "\n";
+                            events_[resource].pop_front();
+                            if (!sink.write(line.data(), line.size())) return false;
+                          }
+                          return !stopping_.load();
+                        });
+                  });
+    }
     server_.Patch(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
                   [this](const httplib::Request& request, httplib::Response& response) {
                     remember("PATCH " + request.path, request.body);
@@ -56,9 +78,17 @@ class FakeApiServer {
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
   ~FakeApiServer() {
+    stopping_ = true;
     server_.stop();
     thread_.join();
   }
+  // Sends `event` (one watch event as JSON) to whoever watches `resource`.
+  void push(const std::string& resource, const nlohmann::json& event) {
+    std::lock_guard<std::mutex> locked(mutex_);
+    events_[resource].push_back(event.dump());
+    events_changed_.notify_all();
+  }
+  std::map<std::string, std::atomic<int>> lists;  // how often each was listed
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   std::vector<std::pair<std::string, std::string>> calls() {
     std::lock_guard<std::mutex> locked(mutex_);
@@ -76,6 +106,9 @@ class FakeApiServer {
   std::thread thread_;
   int port_ = 0;
   std::mutex mutex_;
+  std::condition_variable events_changed_;
+  std::map<std::string, std::deque<std::string>> events_;
+  std::atomic<bool> stopping_{false};
   std::vector<std::pair<std::string, std::string>> calls_;
 };
 
@@ -84,8 +117,7 @@ class Extender : public ::testing::Test {
   void SetUp() override {
     scheduler_ = std::make_unique<Running>(
         std::vector<std::string>{tessera(), "scheduler", "--listen", "127.0.0.1:0", "--api-server",
-                                 api_.url(), "--relist", "3600", "--timeout-ms", "300", "--policy",
-                                 "best-fit"},
+                                 api_.url(), "--timeout-ms", "300", "--policy", "best-fit"},
         Environment{});
     const std::string line = scheduler_->read_line();
     const auto colon = line.rfind(':');
@@ -160,6 +192,55 @@ TEST_F(Extender, NodeCacheCapableFilteringUsesTheListedNodesAndTheirPods) {
   EXPECT_NE(whole_two["FailedNodes"]["gpu-a"].get<std::string>().find("no room for 2 GPU(s)"),
             std::string::npos);
   EXPECT_EQ(whole_two["FailedNodes"]["nowhere"], "node unknown to Tessera");
+}
+
+// Polls until `met` holds, for at most five seconds: watches deliver asynchronously.
+template <typename Condition>
+bool eventually(Condition met) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!met()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+TEST_F(Extender, WatchedPodsAndNodesTakeAndGiveRoomAsTheyComeAndGo) {
+  const nlohmann::json two_gpus = pod("p7", {{"nvidia.com/gpu", "2"}});
+  auto passes = [&](const std::string& node) {
+    const auto result = post("filter", {{"Pod", two_gpus}, {"NodeNames", {node}}});
+    return result["NodeNames"] == nlohmann::json::array({node});
+  };
+  ASSERT_TRUE(passes("gpu-c"));
+  nlohmann::json trainer = nlohmann::json::parse(fixture("pods.json"))["items"][1];
+  trainer["metadata"]["uid"] = "uid-trainer";
+  trainer["metadata"]["resourceVersion"] = "48300";
+  trainer["status"]["phase"] = "Running";  // a pod placed on gpu-c's two GPUs, running
+  api_.push("pods", {{"type", "ADDED"}, {"object", trainer}});
+  EXPECT_TRUE(eventually([&] { return !passes("gpu-c"); })) << "the new pod's GPUs stayed free";
+  api_.push("pods", {{"type", "DELETED"}, {"object", trainer}});
+  EXPECT_TRUE(eventually([&] { return passes("gpu-c"); })) << "the deleted pod's GPUs stayed taken";
+
+  nlohmann::json added = nlohmann::json::parse(fixture("nodes.json"))["items"][2];  // like gpu-c
+  added["metadata"]["name"] = "gpu-d";
+  EXPECT_FALSE(passes("gpu-d"));  // unknown so far
+  api_.push("nodes", {{"type", "ADDED"}, {"object", added}});
+  EXPECT_TRUE(eventually([&] { return passes("gpu-d"); })) << "the new node stayed unknown";
+  api_.push("nodes", {{"type", "DELETED"}, {"object", added}});
+  EXPECT_TRUE(eventually([&] { return !passes("gpu-d"); })) << "the deleted node stayed";
+}
+
+TEST_F(Extender, AWatchWhoseVersionExpiredListsAgain) {
+  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 1; }));
+  const int before = api_.lists["pods"];
+  api_.push("pods", {{"type", "ERROR"},
+                     {"object",
+                      {{"kind", "Status"},
+                       {"status", "Failure"},
+                       {"reason", "Expired"},
+                       {"code", 410},
+                       {"message", "too old resource version: 48220 (48990)"}}}});
+  EXPECT_TRUE(eventually([&] { return api_.lists["pods"] > before; }));
 }
 
 TEST_F(Extender, PrioritizeScoresZeroToTenByPolicy) {

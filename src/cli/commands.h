@@ -55,7 +55,6 @@ struct SchedulerOptions {
   std::string ca_file;
   std::string policy = "fgd-packed";
   int timeout_ms = 5000;
-  int relist_seconds = 10;
 };
 int scheduler_command(const SchedulerOptions& options);
 

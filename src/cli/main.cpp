@@ -78,9 +78,6 @@ int main(int argc, char** argv) {
   scheduler_app->add_option("--policy", scheduler.policy, "Default placement policy");
   scheduler_app->add_option("--timeout-ms", scheduler.timeout_ms, "API server timeout per attempt")
       ->check(CLI::Range(1, 600000));
-  scheduler_app
-      ->add_option("--relist", scheduler.relist_seconds, "Seconds between listings of pods")
-      ->check(CLI::Range(1, 86400));
 
   // CLI11 would only say "a subcommand is required"; name the word it did not know.
   const auto known = [&app](const std::string& name) {

@@ -3,7 +3,6 @@
 #include <httplib.h>
 
 #include <atomic>
-#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -91,24 +90,20 @@ int scheduler_command(const SchedulerOptions& options) {
   fmt::print("tessera scheduler: listening on {}:{}\n", host, bound);
   std::fflush(stdout);
 
-  // What others allocate and release is learned by listing again, every few seconds.
+  // What others allocate and release, and nodes coming and going, are watched.
   std::atomic<bool> stopping{false};
-  std::thread relister([&] {
-    while (!stopping) {
-      for (int waited = 0; waited < options.relist_seconds * 10 && !stopping; ++waited) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-      std::string failure;
-      if (!stopping && !extender.sync(failure))
-        fmt::print(stderr, "tessera scheduler: {}\n", failure);
-    }
-  });
+  auto report = [](const std::string& failure) {
+    fmt::print(stderr, "tessera scheduler: {}\n", failure);
+  };
+  std::thread pods([&] { extender.follow(sched::Extender::Resource::pods, stopping, report); });
+  std::thread nodes([&] { extender.follow(sched::Extender::Resource::nodes, stopping, report); });
   running_server = &server;
   std::signal(SIGTERM, stop_serving);
   std::signal(SIGINT, stop_serving);
   server.listen_after_bind();
   stopping = true;
-  relister.join();
+  pods.join();
+  nodes.join();
   return 0;
 }
 

@@ -23,6 +23,44 @@ ApiClient::ApiClient(ApiClientOptions options) : options_(std::move(options)) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
+struct ApiClient::Prepared {
+  CURL* curl = nullptr;
+  curl_slist* headers = nullptr;
+  Prepared(const ApiClientOptions& options, const char* method, const std::string& path,
+           const char* content_type) {
+    curl = curl_easy_init();
+    if (curl == nullptr) return;
+    headers = curl_slist_append(nullptr, "Accept: application/json");
+    if (content_type != nullptr) {
+      headers = curl_slist_append(headers, (std::string("Content-Type: ") + content_type).c_str());
+    }
+    if (!options.token.empty()) {
+      headers = curl_slist_append(headers, ("Authorization: Bearer " + options.token).c_str());
+    }
+    curl_easy_setopt(curl, CURLOPT_URL, (options.server + path).c_str());
+    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options.timeout_ms));
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    if (!options.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, options.ca_file.c_str());
+  }
+  ~Prepared() {
+    curl_slist_free_all(headers);
+    if (curl != nullptr) curl_easy_cleanup(curl);
+  }
+  Prepared(const Prepared&) = delete;
+  Prepared& operator=(const Prepared&) = delete;
+  // Runs the request; fills the status, or the reason there is none.
+  void perform(ApiResponse& response) {
+    const CURLcode code = curl_easy_perform(curl);
+    if (code == CURLE_OK) {
+      curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
+    } else {
+      response.error = curl_easy_strerror(code);
+    }
+  }
+};
+
 ApiResponse ApiClient::call(const char* method, const std::string& path, const std::string* body,
                             const char* content_type) const {
   ApiResponse response;
@@ -30,40 +68,60 @@ ApiResponse ApiClient::call(const char* method, const std::string& path, const s
     if (attempt > 0) {  // 100 ms, 200 ms, ...: give a restarting API server time
       std::this_thread::sleep_for(std::chrono::milliseconds(100 << (attempt - 1)));
     }
-    CURL* curl = curl_easy_init();
-    if (curl == nullptr) return {0, {}, "curl_easy_init failed"};
+    Prepared request(options_, method, path, content_type);
+    if (request.curl == nullptr) return {0, {}, "curl_easy_init failed"};
     response = ApiResponse{};
-    const std::string url = options_.server + path;
-    curl_slist* headers = curl_slist_append(nullptr, "Accept: application/json");
-    if (content_type != nullptr) {
-      headers = curl_slist_append(headers, (std::string("Content-Type: ") + content_type).c_str());
-    }
-    if (!options_.token.empty()) {
-      headers = curl_slist_append(headers, ("Authorization: Bearer " + options_.token).c_str());
-    }
-    curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.timeout_ms));
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.timeout_ms));
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, append);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
-    if (!options_.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, options_.ca_file.c_str());
+    curl_easy_setopt(request.curl, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.timeout_ms));
+    curl_easy_setopt(request.curl, CURLOPT_WRITEFUNCTION, append);
+    curl_easy_setopt(request.curl, CURLOPT_WRITEDATA, &response.body);
     if (body != nullptr) {
-      curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body->c_str());
-      curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body->size()));
+      curl_easy_setopt(request.curl, CURLOPT_POSTFIELDS, body->c_str());
+      curl_easy_setopt(request.curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body->size()));
     }
-    const CURLcode code = curl_easy_perform(curl);
-    if (code == CURLE_OK) {
-      curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.status);
-    } else {
-      response.error = curl_easy_strerror(code);
-    }
-    curl_slist_free_all(headers);
-    curl_easy_cleanup(curl);
+    request.perform(response);
     if (!worth_retrying(response)) break;
   }
+  return response;
+}
+
+ApiResponse ApiClient::watch(const std::string& path,
+                             const std::function<bool(const std::string&)>& on_event,
+                             const std::atomic<bool>& stop, int idle_seconds) const {
+  struct Stream {
+    const std::function<bool(const std::string&)>* on_event;
+    const std::atomic<bool>* stop;
+    std::string pending;  // a line not yet complete
+    std::string* body;    // kept short: only an answer that is not a stream matters
+  };
+  ApiResponse response;
+  Prepared request(options_, "GET", path, nullptr);
+  if (request.curl == nullptr) return {0, {}, "curl_easy_init failed"};
+  Stream stream{&on_event, &stop, {}, &response.body};
+  curl_easy_setopt(
+      request.curl, CURLOPT_WRITEFUNCTION,
+      +[](char* data, std::size_t size, std::size_t count, void* out) -> std::size_t {
+        auto& lines = *static_cast<Stream*>(out);
+        lines.pending.append(data, size * count);
+        for (std::size_t end; (end = lines.pending.find('\n')) != std::string::npos;) {
+          const std::string line = lines.pending.substr(0, end);
+          lines.pending.erase(0, end + 1);
+          if (lines.body->size() < 4096) *lines.body += line;
+          if (!line.empty() && !(*lines.on_event)(line)) return 0;  // ends the transfer
+        }
+        return size * count;
+      });
+  curl_easy_setopt(request.curl, CURLOPT_WRITEDATA, &stream);
+  // Checked about once a second even when nothing arrives: a stop ends the watch.
+  curl_easy_setopt(request.curl, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(
+      request.curl, CURLOPT_XFERINFOFUNCTION,
+      +[](void* out, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+        return static_cast<Stream*>(out)->stop->load() ? 1 : 0;
+      });
+  curl_easy_setopt(request.curl, CURLOPT_XFERINFODATA, &stream);
+  curl_easy_setopt(request.curl, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(request.curl, CURLOPT_LOW_SPEED_TIME, static_cast<long>(idle_seconds));
+  request.perform(response);
   return response;
 }
 

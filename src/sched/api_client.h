@@ -2,6 +2,8 @@
 // a timeout on every call, and retries with backoff on connection errors, 429 and 5xx.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <string>
 
 namespace tessera::sched {
@@ -27,8 +29,17 @@ class ApiClient {
   ApiResponse post(const std::string& path, const std::string& json) const;
   // A JSON merge patch (application/merge-patch+json).
   ApiResponse patch(const std::string& path, const std::string& json) const;
+  // A watch (`path` asks for one): hands each line of the streamed answer (one event) to
+  // on_event until the server ends the stream, on_event returns false, or `stop` is set. No
+  // overall timeout; a connection silent for `idle_seconds` is dropped. Not retried: the
+  // caller lists again.
+  ApiResponse watch(const std::string& path,
+                    const std::function<bool(const std::string&)>& on_event,
+                    const std::atomic<bool>& stop, int idle_seconds) const;
 
  private:
+  // A handle set up for path with the client's server, credentials and headers.
+  struct Prepared;
   ApiResponse call(const char* method, const std::string& path, const std::string* body,
                    const char* content_type) const;
   ApiClientOptions options_;

@@ -3,7 +3,10 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <optional>
+#include <thread>
 
 namespace tessera::sched {
 namespace {
@@ -282,6 +285,7 @@ HttpReply Extender::bind(const std::string& body) {
     // Held now, so that concurrent binds cannot take the same room.
     cluster_->allocate(request, placement);
     assignments_[pod_uid] = assignment;
+    own_binds_[pod_uid] = std::chrono::steady_clock::now();
     seen_.erase(pod_uid);
   }
   const Request summary = [&] {
@@ -303,6 +307,7 @@ HttpReply Extender::bind(const std::string& body) {
   if (response.status != 200 && response.status != 201) {
     std::lock_guard<std::mutex> locked(mutex_);
     assignments_.erase(pod_uid);  // give the room back
+    own_binds_.erase(pod_uid);
     dirty_ = true;
     return error(fmt::format("binding {}/{} to {} failed: HTTP {} {}", pod_ns, pod_name, node_name,
                              response.status,
@@ -311,45 +316,158 @@ HttpReply Extender::bind(const std::string& body) {
   return {200, nlohmann::json{{"Error", ""}}.dump()};
 }
 
-bool Extender::sync(std::string& error) {
-  const ApiResponse nodes = api_->get("/api/v1/nodes");
-  const ApiResponse pods = api_->get("/api/v1/pods");
-  if (nodes.status != 200 || pods.status != 200) {
-    error = fmt::format("listing nodes and pods failed: HTTP {} / {} {}", nodes.status, pods.status,
-                        nodes.error + pods.error);
+namespace {
+
+// A pod's assignment as recorded on it, unless it has none or has finished (its resources are
+// free again).
+std::optional<std::pair<std::string, std::vector<int>>> recorded_assignment(
+    const nlohmann::json& pod) {
+  const std::string phase = pod.value("/status/phase"_json_pointer, std::string());
+  if (phase == "Succeeded" || phase == "Failed") return std::nullopt;
+  const auto annotations =
+      pod.value("/metadata/annotations"_json_pointer, nlohmann::json::object());
+  if (!annotations.contains(kube::kAssignmentAnnotation)) return std::nullopt;
+  const auto record =
+      nlohmann::json::parse(annotations[kube::kAssignmentAnnotation].get<std::string>());
+  return std::pair{record.at("node").get<std::string>(), record.at("gpus").get<std::vector<int>>()};
+}
+
+const char* collection_path(Extender::Resource resource) {
+  return resource == Extender::Resource::nodes ? "/api/v1/nodes" : "/api/v1/pods";
+}
+
+}  // namespace
+
+bool Extender::list(Resource resource, std::string& version, std::string& error) {
+  const ApiResponse listed = api_->get(collection_path(resource));
+  if (listed.status != 200) {
+    error = fmt::format("listing {} failed: HTTP {} {}", collection_path(resource), listed.status,
+                        listed.error);
     return false;
   }
   std::map<std::string, kube::NodeInfo> node_infos;
   std::map<std::string, Assignment> assignments;
   try {
-    // Named: a range-for over parse(...).at(...) would outlive the parsed document.
-    const nlohmann::json node_list = nlohmann::json::parse(nodes.body);
-    const nlohmann::json pod_list = nlohmann::json::parse(pods.body);
-    for (const auto& node : node_list.at("items")) {
-      kube::NodeInfo info = kube::node_from_json(node);
-      node_infos[info.spec.name] = info;
-    }
-    for (const auto& pod : pod_list.at("items")) {
-      const std::string phase = pod.value("/status/phase"_json_pointer, std::string());
-      if (phase == "Succeeded" || phase == "Failed") continue;  // its resources are free again
-      const auto annotations =
-          pod.value("/metadata/annotations"_json_pointer, nlohmann::json::object());
-      if (!annotations.contains(kube::kAssignmentAnnotation)) continue;
-      const auto record =
-          nlohmann::json::parse(annotations[kube::kAssignmentAnnotation].get<std::string>());
-      Assignment assignment{record.at("node").get<std::string>(), kube::pod_from_json(pod),
-                            record.at("gpus").get<std::vector<int>>()};
-      assignments[assignment.pod.uid] = assignment;
+    const nlohmann::json list_body = nlohmann::json::parse(listed.body);
+    version = list_body.value("/metadata/resourceVersion"_json_pointer, std::string());
+    for (const auto& item : list_body.at("items")) {
+      if (resource == Resource::nodes) {
+        kube::NodeInfo info = kube::node_from_json(item);
+        node_infos[info.spec.name] = info;
+      } else if (auto recorded = recorded_assignment(item)) {
+        Assignment assignment{recorded->first, kube::pod_from_json(item), recorded->second};
+        assignments[assignment.pod.uid] = assignment;
+      }
     }
   } catch (const std::exception& failure) {
-    error = fmt::format("the API server's node or pod list is malformed: {}", failure.what());
+    error = fmt::format("the API server's list of {} is malformed: {}", collection_path(resource),
+                        failure.what());
     return false;
   }
   std::lock_guard<std::mutex> locked(mutex_);
-  nodes_ = std::move(node_infos);
-  assignments_ = std::move(assignments);
+  if (resource == Resource::nodes) {
+    nodes_ = std::move(node_infos);
+  } else {
+    // A list may have been read before this extender's latest binds reached the API server:
+    // those stay held a while, unless the list shows them already.
+    const auto now = std::chrono::steady_clock::now();
+    for (auto bound = own_binds_.begin(); bound != own_binds_.end();) {
+      const auto held = assignments_.find(bound->first);
+      if (now - bound->second > kOwnBindGrace || held == assignments_.end()) {
+        bound = own_binds_.erase(bound);
+        continue;
+      }
+      assignments.try_emplace(bound->first, held->second);
+      ++bound;
+    }
+    assignments_ = std::move(assignments);
+  }
   dirty_ = true;
   return true;
+}
+
+bool Extender::sync(std::string& error) {
+  std::string version;
+  return list(Resource::nodes, version, error) && list(Resource::pods, version, error);
+}
+
+Extender::WatchEnd Extender::apply_event(Resource resource, const std::string& line,
+                                         std::string& version) {
+  nlohmann::json event;
+  try {
+    event = nlohmann::json::parse(line);
+  } catch (const std::exception&) {
+    return WatchEnd::broken;  // not an event: the watch is not what it should be
+  }
+  const std::string type = event.value("type", std::string());
+  const nlohmann::json& object = event.contains("object") ? event["object"] : event;
+  if (type == "ERROR" || type.empty()) {  // 410 Gone: the version is too old to watch from
+    return object.value("code", 0) == 410 ? WatchEnd::expired : WatchEnd::broken;
+  }
+  version = object.value("/metadata/resourceVersion"_json_pointer, version);
+  if (type == "BOOKMARK") return WatchEnd::not_yet;
+  try {
+    std::lock_guard<std::mutex> locked(mutex_);
+    if (resource == Resource::nodes) {
+      kube::NodeInfo info = kube::node_from_json(object);
+      if (type == "DELETED") {
+        nodes_.erase(info.spec.name);
+      } else {
+        nodes_[info.spec.name] = info;
+      }
+    } else {
+      const kube::PodRequest pod = kube::pod_from_json(object);
+      const auto recorded = type == "DELETED" ? std::nullopt : recorded_assignment(object);
+      if (recorded) {
+        assignments_[pod.uid] = Assignment{recorded->first, pod, recorded->second};
+      } else if (type == "DELETED" ||
+                 object.value("/status/phase"_json_pointer, std::string()) == "Succeeded" ||
+                 object.value("/status/phase"_json_pointer, std::string()) == "Failed") {
+        assignments_.erase(pod.uid);
+      }  // else not placed by Tessera yet: a bind of ours may be holding its room
+    }
+    dirty_ = true;
+  } catch (const std::exception&) {
+    return WatchEnd::broken;  // an object we cannot read: list again rather than guess
+  }
+  return WatchEnd::not_yet;
+}
+
+void Extender::follow(Resource resource, const std::atomic<bool>& stop,
+                      const std::function<void(const std::string&)>& report) {
+  auto pause = [&stop] {  // a second, unless stopped
+    for (int waited = 0; waited < 10 && !stop; ++waited) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  };
+  while (!stop) {
+    std::string version, error;
+    if (!list(resource, version, error)) {
+      report(error);
+      pause();
+      continue;
+    }
+    WatchEnd end = WatchEnd::not_yet;
+    while (!stop && end == WatchEnd::not_yet) {
+      const std::string path =
+          fmt::format("{}?watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}",
+                      collection_path(resource), version);
+      const ApiResponse answer = api_->watch(
+          path,
+          [&](const std::string& line) {
+            end = apply_event(resource, line, version);
+            return end == WatchEnd::not_yet;
+          },
+          stop, 330);
+      if (end == WatchEnd::not_yet && answer.status != 200 && !stop) {
+        report(fmt::format("watching {} failed: HTTP {} {}", collection_path(resource),
+                           answer.status, answer.error));
+        end = WatchEnd::broken;
+      }
+      if (end == WatchEnd::broken) pause();  // whatever broke it, do not hammer the server
+      // A stream that ends cleanly (timeoutSeconds) is resumed from the last version seen.
+    }
+  }
 }
 
 }  // namespace tessera::sched

@@ -1,10 +1,14 @@
 // The kube-scheduler extender: filter, prioritize and bind over HTTP (REFERENCE §4), deciding
 // with the placement engine. Node capacity comes from the nodes kube-scheduler sends (or, with
-// nodeCacheCapable, from the last listing); what is already allocated comes from the
-// tessera.io/assignment annotations of the pods on the API server, re-listed every few
-// seconds, and from this extender's own binds. Requests may arrive concurrently.
+// nodeCacheCapable, from the nodes on the API server); what is already allocated comes from
+// the tessera.io/assignment annotations of the pods on the API server, and from this
+// extender's own binds. Both are listed, then watched (follow), as client-go's reflectors do.
+// Requests may arrive concurrently.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +40,13 @@ class Extender {
   // pods' assignments. False (state kept) if the API server could not be read.
   bool sync(std::string& error);
 
+  enum class Resource { nodes, pods };
+  // Keeps the state of `resource` current until `stop`: lists it, then watches from the
+  // list's version, applying each change; lists again when the watch breaks or its version
+  // has expired (410 Gone). Failures are passed to `report` and retried a second later.
+  void follow(Resource resource, const std::atomic<bool>& stop,
+              const std::function<void(const std::string&)>& report);
+
  private:
   struct Assignment {
     std::string node;
@@ -48,6 +59,11 @@ class Extender {
     std::vector<std::string> names;
     bool names_only = false;
   };
+
+  enum class WatchEnd { not_yet, expired, broken };
+  bool list(Resource resource, std::string& version, std::string& error);
+  // Applies one line of a watch; says whether the watch must end.
+  WatchEnd apply_event(Resource resource, const std::string& line, std::string& version);
 
   // Parses ExtenderArgs; on failure fills reply with 400 and the reason.
   bool parse_args(const std::string& body, Candidates& candidates, HttpReply& reply);
@@ -63,6 +79,9 @@ class Extender {
   std::map<std::string, kube::NodeInfo> nodes_;
   std::map<std::string, Assignment> assignments_;  // by pod UID
   std::map<std::string, kube::PodRequest> seen_;   // pods filtered, by UID, for bind
+  // This extender's binds, by pod UID, and when: held across a list read before they landed.
+  std::map<std::string, std::chrono::steady_clock::time_point> own_binds_;
+  static constexpr std::chrono::seconds kOwnBindGrace{60};
   std::unique_ptr<Cluster> cluster_;
   std::map<std::string, int> index_;
   bool dirty_ = true;
