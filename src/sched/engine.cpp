@@ -329,11 +329,14 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
 
 // Tessera's tie-breaker among nodes FGD rates equal (its score is an integer from 0 to 100,
 // so many are): a CPU-only pod goes where the least GPU is left, since CPU there is worth
-// least to GPU pods; a GPU-sharing pod goes to a node already in use rather than an idle
-// one, which is kept whole for pods that need whole GPUs. Higher is preferred.
+// least to GPU pods; a GPU-sharing pod goes where a GPU is already partly used, next to other
+// sharing pods, keeping whole GPUs whole. Higher is preferred.
 double Cluster::packing_preference(const Node& node, const Request& request) {
   if (request.gpus == 0) return -static_cast<double>(node.gpu_milli_left());
-  if (request.shares_gpu()) return node.fully_free_gpus() == node.gpus ? 0 : 1;
+  if (!request.shares_gpu()) return 0;
+  for (int i = 0; i < node.gpus; ++i) {
+    if (node.gpu_left[i] > 0 && node.gpu_left[i] < kMilli) return 1;
+  }
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 namespace tessera::sched {
@@ -14,6 +15,15 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The cluster in a seeded random order, fixed for the run. The engine takes the first of
+// equally scored nodes, so this order is the tie-break; the paper's simulator keeps its nodes
+// in no particular order (in a Go map), and its published figures are reproduced this way
+// (docs/scheduler.md), not with the trace's own order, nor with ties broken at random.
+std::vector<NodeSpec> in_run_order(std::vector<NodeSpec> nodes, std::mt19937_64& random) {
+  std::shuffle(nodes.begin(), nodes.end(), random);
+  return nodes;
 }
 
 }  // namespace
@@ -28,9 +38,9 @@ double RunResult::allocated_at(double load) const {
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
                         Policy policy, std::uint64_t seed, double max_load, Workload workload) {
   const auto start = std::chrono::steady_clock::now();
-  Cluster cluster(nodes);
-  cluster.set_target_workload(trace);
   std::mt19937_64 random(seed);
+  Cluster cluster(in_run_order(nodes, random));
+  cluster.set_target_workload(trace);
   std::uniform_int_distribution<std::size_t> pick(0, trace.size() - 1);
   RunResult result{policy, seed, {}, 0, 0, 0};
   const double capacity = static_cast<double>(cluster.gpu_milli_total());
@@ -68,9 +78,9 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
 RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
                      Policy policy, std::uint64_t seed) {
   const auto start = std::chrono::steady_clock::now();
-  Cluster cluster(nodes);
-  cluster.set_target_workload(trace);
   std::mt19937_64 random(seed);
+  Cluster cluster(in_run_order(nodes, random));
+  cluster.set_target_workload(trace);
   struct Event {
     std::int64_t time;
     bool arrival;
