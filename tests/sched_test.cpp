@@ -36,6 +36,15 @@ PodSpec pod(std::int64_t cpu, int gpus, int milli, std::vector<std::string> mode
   return spec;
 }
 
+// A placement on `node`, on GPU 0.
+Placement on_gpu_0_of(int node) {
+  Placement placement;
+  placement.node = node;
+  placement.gpu_count = 1;
+  placement.gpu_index[0] = 0;
+  return placement;
+}
+
 TEST(Engine, FeasibilityChecksCpuMemoryGpusAndModel) {
   Cluster cluster(two_nodes());
   const auto& nodes = cluster.nodes();
@@ -74,11 +83,7 @@ TEST(Engine, PoliciesMakeTheirDefiningChoice) {
   Cluster cluster({{"n0", 64000, 262144, 2, "G2"}, {"n1", 64000, 262144, 2, "G2"}});
   std::mt19937_64 random(7);
   const Request half = cluster.request_for(pod(1000, 1, 500));
-  Placement on_n0;
-  on_n0.node = 0;
-  on_n0.gpu_count = 1;
-  on_n0.gpu_index[0] = 0;
-  cluster.allocate(half, on_n0);
+  cluster.allocate(half, on_gpu_0_of(0));
   const Request small = cluster.request_for(pod(1000, 1, 300));
   EXPECT_EQ(cluster.place(small, Policy::gpu_packing, random).node, 0);     // the used GPU
   EXPECT_EQ(cluster.place(small, Policy::best_fit, random).node, 0);        // least left over
@@ -107,11 +112,7 @@ TEST(Engine, TesserasPolicyBreaksFgdsTiesByPacking) {
   // is a fragment, so FGD rates both nodes alike for any pod.
   Cluster cluster({{"n0", 64000, 262144, 2, "G2"}, {"n1", 64000, 262144, 2, "G2"}});
   cluster.set_target_workload({pod(1000, 0, 0)});
-  Placement half;
-  half.node = 1;
-  half.gpu_count = 1;
-  half.gpu_index[0] = 0;
-  cluster.allocate(cluster.request_for(pod(1000, 1, 500)), half);
+  cluster.allocate(cluster.request_for(pod(1000, 1, 500)), on_gpu_0_of(1));
   std::mt19937_64 random(1);
   const Request sharing = cluster.request_for(pod(1000, 1, 300));
   EXPECT_EQ(cluster.place(sharing, Policy::fgd, random).node, 0);         // the first of equals
@@ -128,11 +129,7 @@ TEST(Engine, FragmentationCountsGpusTooSmallForTheWorkload) {
   // The target workload: only 600-milli sharing pods.
   cluster.set_target_workload({pod(1000, 1, 600), pod(1000, 1, 600)});
   EXPECT_DOUBLE_EQ(cluster.fragmentation(), 0);  // both GPUs can take one
-  Placement placement;
-  placement.node = 0;
-  placement.gpu_count = 1;
-  placement.gpu_index[0] = 0;
-  cluster.allocate(cluster.request_for(pod(1000, 1, 500)), placement);
+  cluster.allocate(cluster.request_for(pod(1000, 1, 500)), on_gpu_0_of(0));
   EXPECT_DOUBLE_EQ(cluster.fragmentation(), 500);  // GPU 0's 500 left fits no 600 pod
   // FGD puts a 400 pod where it removes fragmentation: on GPU 0.
   std::mt19937_64 random(3);
