@@ -290,10 +290,11 @@ TEST(Compute, ALowPriorityGroupRunsAtFullSpeedWhileHighPriorityWorkIsIdle) {
   ASSERT_EQ(after.exit_code, 0) << after.err;
   const auto batch_pid = static_cast<std::int32_t>(after.number("pid"));
   ASSERT_GT(after.number("end_ns"), busy.number("end_ns") + 600'000'000);
-  // While the interactive group ran, the batch group still used the device it left idle.
+  // While the interactive group ran, the batch group still used much of the half of the
+  // device it left idle (measured: 35 %; 17 % when it kept only one launch queued).
   const double while_busy =
       share_of(scratch, {batch_pid}, busy.number("begin_ns"), busy.number("end_ns"));
-  EXPECT_GT(while_busy, 0.1);
+  EXPECT_GT(while_busy, 0.25);
   // From 200 ms after the interactive group went idle, the batch group runs as it did alone.
   const double idle_share =
       share_of(scratch, {batch_pid}, busy.number("end_ns") + 200'000'000, after.number("end_ns"));

@@ -442,6 +442,7 @@ TEST(Demand, HighPriorityWorkQueuesBehindHighPriorityWorkStillPending) {
   web.add_high_work(0, now, 2 * kMs);
   chat.add_high_work(0, now + kMs, 3 * kMs);  // starts when web's is done
   EXPECT_EQ(batch.high_work_until(0, now), now + 5 * kMs);
+  EXPECT_EQ(batch.high_launch_cost(0), 3 * kMs);  // the latest launch's
   EXPECT_EQ(batch.high_work_until(1, now), 0u);  // another device
   web.add_high_work(0, now + 9 * kMs, kMs);      // the device was idle in between
   EXPECT_EQ(batch.high_work_until(0, now + 9 * kMs), now + 10 * kMs);

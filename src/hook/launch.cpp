@@ -11,8 +11,8 @@
 // Priority: a high-priority group records in the demand file when the work it has queued on a
 // device should be done; a low-priority launch waits until then. A device runs the work queued
 // on it in order, so low-priority work already queued when high-priority work arrives delays
-// it: while high-priority work was pending lately, a low-priority group keeps no more than
-// one launch queued (a lead of zero).
+// it: while high-priority work was pending lately, a low-priority group queues no more than
+// one launch plus a twentieth of the latest high-priority launch's device time.
 #include <time.h>
 
 #include <cstdlib>
@@ -34,8 +34,10 @@ constexpr int kSamples = 16;
 constexpr std::uint64_t kLeadNs = 2'000'000;  // how far a group may run ahead of its share
 constexpr std::uint64_t kOthersWindowNs =
     20'000'000;  // another group launched this recently: it wants the device
-// High-priority work pending this recently: low-priority groups keep their queues short.
+// High-priority work pending this recently: low-priority groups keep their queues short,
 constexpr std::uint64_t kHighRecentNs = 100'000'000;
+// at most this fraction of a high-priority launch's device time.
+constexpr std::uint64_t kHighDelayDivisor = 20;
 
 struct Cost {
   std::uint64_t samples[kSamples];
@@ -143,7 +145,9 @@ std::uint64_t yield_to_high_priority(Hook& state, int device) {
     now = woke;
   }
   if (waited > 0) state.ledger.add_throttled(device, waited);
-  return until != 0 && until + kHighRecentNs >= now ? 0 : kLeadNs;
+  if (until == 0 || until + kHighRecentNs < now) return kLeadNs;
+  const std::uint64_t lead = state.demand.high_launch_cost(device) / kHighDelayDivisor;
+  return lead < kLeadNs ? lead : kLeadNs;
 }
 
 template <typename Launch>

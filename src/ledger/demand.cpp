@@ -108,6 +108,7 @@ bool Demand::others_active(int device, std::uint64_t now_ns, std::uint64_t windo
 }
 
 void Demand::add_high_work(int device, std::uint64_t launch_ns, std::uint64_t cost_ns) {
+  file_->high_launch_ns[device].store(cost_ns, std::memory_order_relaxed);
   std::atomic<std::uint64_t>& until = file_->high_work_until_ns[device];
   std::uint64_t queued = until.load(std::memory_order_relaxed);
   std::uint64_t start = 0;

@@ -22,6 +22,8 @@ struct DemandFile {
   // When all high-priority work launched on each device is expected to have run
   // (CLOCK_MONOTONIC ns): the latest any high-priority group has queued to.
   alignas(64) std::atomic<std::uint64_t> high_work_until_ns[kMaxDevices];
+  // The device time of the latest high-priority launch on each device.
+  std::atomic<std::uint64_t> high_launch_ns[kMaxDevices];
   struct alignas(64) Slot {            // a line of its own: groups stamp, others read
     std::atomic<std::uint64_t> group;  // the group's ledger inode; 0: free
     std::atomic<std::uint64_t> last_launch_ns[kMaxDevices];
@@ -47,6 +49,10 @@ class Demand {
   // When the high-priority work queued on device is expected to be done; 0 if never, or if
   // the time is from before a reboot.
   std::uint64_t high_work_until(int device, std::uint64_t now_ns) const;
+  // The device time of the latest high-priority launch on device.
+  std::uint64_t high_launch_cost(int device) const {
+    return file_->high_launch_ns[device].load(std::memory_order_relaxed);
+  }
 
  private:
   static bool stamp_is_recent(std::uint64_t stamp, std::uint64_t now_ns, std::uint64_t window_ns);
