@@ -12,6 +12,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/clock.h"
 #include "ledger/ledger.h"
 #include "simgpu/sim_machine.h"
 #include "support.h"
@@ -303,6 +304,27 @@ TEST(Compute, ALowPriorityGroupRunsAtFullSpeedWhileHighPriorityWorkIsIdle) {
   report("low_while_high_idle", 100 * idle_share);
   EXPECT_GT(idle_share, 0.95 * lone_share)
       << "alone " << lone_share << ", high idle " << idle_share << ", high busy " << while_busy;
+}
+
+TEST(Compute, AHighPriorityGroupKilledWithWorkQueuedDoesNotHoldTheLowOneBack) {
+  ScratchDirectory scratch;
+  const std::string high = group_with_share(scratch, "interactive", 0);
+  const std::string low = group_with_share(scratch, "batch", 0);
+  Running busy({worker(), "saturate", "plain", "hi@5ms", "60"},
+               hooked(scratch, {{"TESSERA_LEDGER", high}, {"TESSERA_PRIORITY", "high"}}));
+  ASSERT_EQ(busy.read_line(), "started");
+  Running batch({worker(), "saturate", "plain", "lo@20us", "1.2"},
+                hooked(scratch, {{"TESSERA_LEDGER", low}, {"TESSERA_PRIORITY", "low"}}));
+  busy.kill_hard();  // mid-kernel, with more queued and its pending time in the future
+  const std::uint64_t killed = monotonic_ns();
+  busy.wait();
+  EXPECT_EQ(batch.read_line(), "started");
+  const Finished done = finish(batch);
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  const double share = share_of(scratch, {static_cast<std::int32_t>(done.number("pid"))},
+                                killed + 200'000'000, done.number("end_ns"));
+  report("low_after_high_killed", 100 * share);
+  EXPECT_GT(share, 0.95);
 }
 
 TEST(Compute, WithoutAShareAGroupSaturatesTheDevice) {
