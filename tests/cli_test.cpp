@@ -98,6 +98,7 @@ TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
   const auto rows = nlohmann::json::parse(run({tessera(), "top", "--json"}, environment).out);
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_EQ(rows[0]["cores"].get<int>(), 25);
+  EXPECT_EQ(rows[0]["priority"], "-");
   EXPECT_GT(rows[0]["throttled_ms"].get<int>(), 200);  // it wanted the whole device
   // 0.6 s at 25 % is 150 ms of device time; nothing ran during top's own interval.
   EXPECT_NEAR(rows[0]["device_time_ns"].get<double>() / 1e6, 150, 15);
@@ -115,11 +116,23 @@ TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
   EXPECT_NE(urgent.exit_code, 0);
   EXPECT_NE(urgent.err.find("--priority 'urgent' must be high or low"), std::string::npos)
       << urgent.err;
-  // The group's processes are told their priority.
-  const Finished told = run({tessera(), "run", "--memory", "1GiB", "--priority", "low", "--",
-                             "printenv", "TESSERA_PRIORITY"},
+  // The group's processes are told their priority, and top shows the group's.
+  const Finished told = run({tessera(), "run", "--memory", "1GiB", "--priority", "low", "--group",
+                             "batch", "--keep", "--", "printenv", "TESSERA_PRIORITY"},
                             environment);
   EXPECT_EQ(told.out, "low\n") << told.err;
+  const Finished table = run({tessera(), "top", "--once", "--interval", "0.1"}, environment);
+  EXPECT_NE(table.out.find("PRIORITY"), std::string::npos) << table.out;
+  const auto batch_rows = nlohmann::json::parse(
+      run({tessera(), "top", "--json", "--interval", "0.1"}, environment).out);
+  bool found = false;
+  for (const auto& row : batch_rows) {
+    if (row["group"] == "batch") {
+      found = true;
+      EXPECT_EQ(row["priority"], "low");
+    }
+  }
+  EXPECT_TRUE(found) << batch_rows.dump();
 }
 
 TEST(Cli, TopShowsTheShareAGroupAchievesWhileItRuns) {

@@ -114,6 +114,30 @@ TEST(Ledger, ExistingGroupWithOtherLimitsIsRefused) {
       << error.text;
 }
 
+TEST(Ledger, TheGroupsPriorityIsRecordedAndALowerOneWins) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  GroupSpec spec = spec_with_limit(1000);
+  spec.priority = Priority::low;
+  Ledger created;
+  ErrorText error;
+  ASSERT_TRUE(created.create_or_open(path.c_str(), spec, error)) << error.text;
+  Ledger member;
+  ASSERT_TRUE(member.open(path.c_str(), error)) << error.text;
+  EXPECT_EQ(member.group_priority(), Priority::low);
+  // A member's environment cannot raise it, only lower it.
+  EXPECT_EQ(member.effective_priority(Priority::high), Priority::low);
+  EXPECT_EQ(member.effective_priority(Priority::none), Priority::low);
+  spec.priority = Priority::high;
+  Ledger other;
+  EXPECT_FALSE(other.create_or_open(path.c_str(), spec, error));
+  EXPECT_NE(std::string(error.text).find("group exists with priority low; this run asks for high"),
+            std::string::npos)
+      << error.text;
+  EXPECT_EQ(lower_priority(Priority::high, Priority::none), Priority::high);
+  EXPECT_EQ(lower_priority(Priority::none, Priority::none), Priority::none);
+}
+
 struct Damage {
   const char* name;
   void (*apply)(const std::string& path);
@@ -443,8 +467,8 @@ TEST(Demand, HighPriorityWorkQueuesBehindHighPriorityWorkStillPending) {
   chat.add_high_work(0, now + kMs, 3 * kMs);  // starts when web's is done
   EXPECT_EQ(batch.high_work_until(0, now), now + 5 * kMs);
   EXPECT_EQ(batch.high_launch_cost(0), 3 * kMs);  // the latest launch's
-  EXPECT_EQ(batch.high_work_until(1, now), 0u);  // another device
-  web.add_high_work(0, now + 9 * kMs, kMs);      // the device was idle in between
+  EXPECT_EQ(batch.high_work_until(1, now), 0u);   // another device
+  web.add_high_work(0, now + 9 * kMs, kMs);       // the device was idle in between
   EXPECT_EQ(batch.high_work_until(0, now + 9 * kMs), now + 10 * kMs);
   // After a reboot the old time lies far in the new clock's future: it is not pending work.
   EXPECT_EQ(batch.high_work_until(0, now - 100'000 * kMs), 0u);

@@ -71,6 +71,9 @@ int run_command(const RunOptions& options) {
   // The group sees one GPU with --device (as its device 0), else every GPU, each limited.
   ledger::GroupSpec spec;
   spec.name = group.c_str();
+  if (!options.priority.empty()) {
+    spec.priority = options.priority == "high" ? Priority::high : Priority::low;
+  }
   const auto cores = static_cast<std::uint32_t>(options.cores.value_or(0));
   for (auto& percent : spec.limits.core_percent) percent = options.device ? 0 : cores;
   spec.limits.core_percent[0] = cores;

@@ -47,6 +47,7 @@ nlohmann::json snapshot(const std::string& directory) {
                       {"peak", usage.peak},
                       {"refused", usage.rejections},
                       {"cores", usage.cores},
+                      {"priority", priority_name(ledger.group_priority())},
                       {"throttled_ms", usage.throttled_ns / 1000000},
                       {"device_time_ns", usage.device_time_ns},
                       {"members", members}});
@@ -75,8 +76,9 @@ void add_achieved(nlohmann::json& rows, const nlohmann::json& before, std::uint6
 }
 
 void print_table(const nlohmann::json& rows) {
-  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>9}\n", "GROUP", "DEVICE",
-             "LIMIT", "USED", "PEAK", "REFUSED", "CORES", "ACHIEVED", "THROTTLED", "MEMBERS");
+  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>10}{:>9}\n", "GROUP", "DEVICE",
+             "LIMIT", "USED", "PEAK", "REFUSED", "CORES", "ACHIEVED", "THROTTLED", "PRIORITY",
+             "MEMBERS");
   for (const auto& row : rows) {
     if (row.contains("error")) {
       fmt::print("{:<20} unreadable: {}\n", row["group"].get<std::string>(),
@@ -85,7 +87,7 @@ void print_table(const nlohmann::json& rows) {
     }
     const auto limit = row["limit"].get<std::uint64_t>();
     const auto cores = row["cores"].get<std::uint32_t>();
-    fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>9}\n",
+    fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>10}{:>9}\n",
                row["group"].get<std::string>(), row["device"].get<int>(),
                limit == kUnlimited ? std::string("none") : human_size(limit),
                human_size(row["used"].get<std::uint64_t>()),
@@ -93,7 +95,7 @@ void print_table(const nlohmann::json& rows) {
                cores == 0 ? std::string("-") : fmt::format("{}%", cores),
                fmt::format("{:.1f}%", row["achieved_percent"].get<double>()),
                fmt::format("{} ms", row["throttled_ms"].get<std::uint64_t>()),
-               row["members"].get<int>());
+               row["priority"].get<std::string>(), row["members"].get<int>());
   }
 }
 

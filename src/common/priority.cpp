@@ -13,9 +13,9 @@ bool read_priority(const char* variable, const char* high_word, const char* low_
   const char* value = std::getenv(variable);
   if (value == nullptr || value[0] == '\0') return true;
   if (std::strcmp(value, low_word) == 0) {
-    priority = Priority::low;
+    priority = lower_priority(priority, Priority::low);
   } else if (std::strcmp(value, high_word) == 0) {
-    if (priority == Priority::none) priority = Priority::high;
+    priority = lower_priority(priority, Priority::high);
   } else {
     return error.set("%s='%s' must be %s", variable, value, choices);
   }
@@ -23,6 +23,24 @@ bool read_priority(const char* variable, const char* high_word, const char* low_
 }
 
 }  // namespace
+
+Priority lower_priority(Priority a, Priority b) {
+  if (a == Priority::low || b == Priority::low) return Priority::low;
+  if (a == Priority::high || b == Priority::high) return Priority::high;
+  return Priority::none;
+}
+
+const char* priority_name(Priority priority) {
+  switch (priority) {
+    case Priority::high:
+      return "high";
+    case Priority::low:
+      return "low";
+    case Priority::none:
+      break;
+  }
+  return "-";
+}
 
 bool priority_from_environment(Priority& priority, ErrorText& error) {
   priority = Priority::none;

@@ -16,4 +16,10 @@ enum class Priority {
 // False, with a message naming the variable and its value, if either is malformed.
 bool priority_from_environment(Priority& priority, ErrorText& error);
 
+// The lower of two settings; `none` says nothing and changes nothing.
+Priority lower_priority(Priority a, Priority b);
+
+// "high", "low" or "-".
+const char* priority_name(Priority priority);
+
 }  // namespace tessera

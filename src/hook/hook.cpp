@@ -155,6 +155,7 @@ void after_fork_in_child() {
 bool open_ledger(Hook& state, const DeviceLimits& limits) {
   ledger::GroupSpec spec;
   spec.limits = limits;
+  spec.priority = state.priority;
   if (const char* path = std::getenv("TESSERA_LEDGER"); path != nullptr && path[0] != '\0') {
     if (!state.ledger.open(path, state.failure)) return false;
     if (ErrorText reason; !state.demand.open_beside(path, reason)) {
@@ -174,6 +175,7 @@ bool open_ledger(Hook& state, const DeviceLimits& limits) {
     return true;  // nothing to enforce: forward every call untouched
   }
   state.ledger.set_process_limits(limits);
+  state.priority = state.ledger.effective_priority(state.priority);
   if (!state.ledger.join(state.failure)) return false;
   state.accounting = true;
   return true;

@@ -18,6 +18,7 @@ void initialize_file(void* base, const void* context) {
   file->max_devices = kMaxDevices;
   file->max_members = kMaxMembers;
   std::strncpy(file->group_name, spec.name, sizeof file->group_name - 1);
+  file->priority = static_cast<std::uint32_t>(spec.priority);
   for (int device = 0; device < kMaxDevices; ++device) {
     file->memory_limit[device] = spec.limits.memory_bytes[device];
     file->core_percent[device] = spec.limits.core_percent[device];
@@ -61,6 +62,10 @@ bool Ledger::validate(const char* path, ErrorText& error) const {
         "is corrupt; refusing to trust it",
         path);
   }
+  if (file_->priority > static_cast<std::uint32_t>(Priority::low)) {
+    return error.set("%s: priority %u is not one Tessera knows: corrupt ledger", path,
+                     file_->priority);
+  }
   int bad_slot = 0;
   if (!accounts_look_valid(file_->accounts, bad_slot)) {
     return error.set("%s: member slot %d has an invalid state: corrupt ledger", path, bad_slot);
@@ -78,6 +83,7 @@ bool Ledger::attach(const char* path, ErrorText& error) {
     file_limits_.memory_bytes[device] = file_->memory_limit[device];
     file_limits_.core_percent[device] = file_->core_percent[device];
   }
+  file_priority_ = static_cast<Priority>(file_->priority);
   accounts_.attach(&file_->accounts, mapping_.fd);
   return true;
 }
@@ -87,6 +93,12 @@ bool Ledger::create_or_open(const char* path, const GroupSpec& spec, ErrorText& 
   if (!map_shared_file(path, sizeof(LedgerFile), initialize_file, &spec, mapping_, error) ||
       !attach(path, error)) {
     return false;
+  }
+  if (file_priority_ != spec.priority) {
+    const Priority existing = file_priority_;
+    close();
+    return error.set("%s: group exists with priority %s; this run asks for %s", path,
+                     priority_name(existing), priority_name(spec.priority));
   }
   for (int device = 0; device < kMaxDevices; ++device) {
     if (file_->core_percent[device] != spec.limits.core_percent[device]) {

@@ -14,11 +14,12 @@
 #include "common/error_text.h"
 #include "common/limits.h"
 #include "common/member_accounts.h"
+#include "common/priority.h"
 #include "common/shared_file.h"
 
 namespace tessera::ledger {
 
-inline constexpr std::uint32_t kFormatVersion = 2;
+inline constexpr std::uint32_t kFormatVersion = 3;  // 3: the group's priority
 
 struct LedgerFile {
   // Written once by the creator; covered by `checksum`.
@@ -30,6 +31,7 @@ struct LedgerFile {
   char group_name[64];
   std::uint64_t memory_limit[kMaxDevices];  // kUnlimited where none
   std::uint32_t core_percent[kMaxDevices];  // compute share; 0 where none
+  std::uint32_t priority;                   // a Priority
   std::uint64_t checksum;
 
   // What a context was last measured to cost on each device: members charge this before
@@ -46,6 +48,7 @@ struct LedgerFile {
 struct GroupSpec {
   const char* name = "";
   DeviceLimits limits;
+  Priority priority = Priority::none;
 };
 
 struct DeviceUsage {
@@ -76,6 +79,11 @@ class Ledger {
 
   // Limits this process was given by its environment; enforced together with the file's.
   void set_process_limits(const DeviceLimits& limits) { process_limits_ = limits; }
+  // The lower of the group's priority and this process's.
+  Priority effective_priority(Priority process) const {
+    return lower_priority(file_priority_, process);
+  }
+  Priority group_priority() const { return file_priority_; }
   std::uint64_t effective_limit(int device) const;
   std::uint32_t effective_cores(int device) const;
 
@@ -120,6 +128,7 @@ class Ledger {
   LedgerFile* file_ = nullptr;
   MemberAccounts accounts_;
   DeviceLimits file_limits_;  // as validated at open: later writes to the file change nothing
+  Priority file_priority_ = Priority::none;
   DeviceLimits process_limits_;
 };
 
