@@ -232,6 +232,27 @@ TEST(SimulatedMachine, ProcessesShareOneTimelineOnePieceOfWorkAtATime) {
   EXPECT_EQ(machine.busy(1, 0, begin, end).device_ns, 0u);  // the other device was idle
 }
 
+TEST(SimulatedMachine, ProcessesTakeTurnsInTimeSlicesEvenInsideLongKernels) {
+  ScratchDirectory scratch;
+  Running long_kernel({worker(), "kernels", "plain", "long@50ms", "1"}, simulated(scratch));
+  Finished first;
+  // Its kernel is queued once it asks whether the work is done, before synchronising.
+  for (std::string line; (line = long_kernel.read_line()).rfind("query_before_sync=", 0) != 0;) {
+    ASSERT_FALSE(line.empty()) << "the long kernel's worker ended early";
+  }
+  const Finished second = run({worker(), "kernels", "plain", "short@1ms", "1"}, simulated(scratch));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  std::string line;
+  while (!(line = long_kernel.read_line()).empty()) first.out += line + "\n";
+  ASSERT_EQ(long_kernel.wait(), 0);
+  // The short kernel waited at most one time slice (2 ms), not for the long one's 50 ms.
+  EXPECT_LT(second.number("end_ns") - second.number("begin_ns"), 10'000'000u);
+  EXPECT_LT(second.number("end_ns"), first.number("end_ns"));
+  // The device's record: each got exactly its own time, the long kernel in several runs.
+  EXPECT_EQ(recorded(scratch, first).process_ns, 50'000'000u);
+  EXPECT_EQ(recorded(scratch, second).process_ns, 1'000'000u);
+}
+
 TEST(SimulatedMachine, DevicesComeFromAFileToo) {
   ScratchDirectory scratch;
   const std::string config = scratch.file("devices.conf");

@@ -186,6 +186,9 @@ CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
       sleep_until_ns(allowed);
       state.ledger.add_throttled(device, allowed - now);
       launch_at = allowed;
+      // High-priority work may have come while this waited: a launch now would keep the
+      // device in this group's time slice.
+      if (state.priority == Priority::low) yield_to_high_priority(state, device);
     }
   }
   // Unpriced work is waited for below; until then it keeps low-priority groups out a lead.

@@ -486,11 +486,6 @@ int device_of_memfd(int fd) {
   return marker ? std::atoi(marker + std::strlen("tessera-vmm-d")) : -1;
 }
 
-void wait_until(std::uint64_t time_ns) {
-  if (monotonic_ns() >= time_ns) return;  // done already: no sleep, as a finished event is
-  sleep_until_ns(time_ns);
-}
-
 Stream* stream_of(CUstream handle, Context* context) {
   // Null, CU_STREAM_LEGACY (0x1) and CU_STREAM_PER_THREAD (0x2) name the default stream.
   if (reinterpret_cast<std::uintptr_t>(handle) <= 2) return &context->default_stream;
@@ -511,16 +506,23 @@ bool append_to_graph(Graph* graph, std::uint64_t duration_ns) {
 }
 
 // Puts work on the device's timeline behind the stream, or into the graph being captured.
+// Queues work (or, of no duration, a marker such as an event) on the device after the
+// stream's; returns its ticket.
+std::uint64_t queue_on_device(Stream* stream, std::uint64_t duration_ns) {
+  Context* context = stream->context;
+  stream->last_ticket = machine().submit(context->device, duration_ns);
+  std::atomic_ref<std::uint64_t> latest(context->latest_ticket);
+  std::uint64_t seen = latest.load();
+  while (seen < stream->last_ticket && !latest.compare_exchange_weak(seen, stream->last_ticket)) {
+  }
+  return stream->last_ticket;
+}
+
 CUresult submit(Stream* stream, std::uint64_t duration_ns) {
   if (stream->capture != nullptr) {
     return append_to_graph(stream->capture, duration_ns) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
   }
-  Context* context = stream->context;
-  machine().occupy(context->device, &stream->tail_ns, duration_ns);
-  std::atomic_ref<std::uint64_t> latest(context->latest_ns);
-  std::uint64_t seen = latest.load();
-  while (seen < stream->tail_ns && !latest.compare_exchange_weak(seen, stream->tail_ns)) {
-  }
+  queue_on_device(stream, duration_ns);
   return CUDA_SUCCESS;
 }
 
@@ -559,7 +561,7 @@ CUresult synchronize_stream(CUstream handle) {
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   Stream* stream = stream_of(handle, context);
   if (stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  wait_until(stream->tail_ns);
+  machine().wait(context->device, stream->last_ticket);
   release_pools_on_sync();
   return CUDA_SUCCESS;
 }
@@ -755,7 +757,7 @@ SIM_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
 SIM_EXPORT CUresult cuCtxSynchronize() {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
-  wait_until(std::atomic_ref<std::uint64_t>(context->latest_ns).load());
+  machine().wait(context->device, std::atomic_ref<std::uint64_t>(context->latest_ticket).load());
   release_pools_on_sync();
   return CUDA_SUCCESS;
 }
@@ -1076,8 +1078,9 @@ SIM_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream handle) {
 SIM_EXPORT CUresult cuStreamQuery(CUstream handle) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
-  return monotonic_ns() >= stream_of(handle, context)->tail_ns ? CUDA_SUCCESS
-                                                               : CUDA_ERROR_NOT_READY;
+  return machine().done(context->device, stream_of(handle, context)->last_ticket, nullptr)
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_NOT_READY;
 }
 SIM_EXPORT CUresult cuStreamWaitEvent(CUstream handle, CUevent handle_event, unsigned int) {
   Context* context = nullptr;
@@ -1085,7 +1088,8 @@ SIM_EXPORT CUresult cuStreamWaitEvent(CUstream handle, CUevent handle_event, uns
   auto* event = reinterpret_cast<Event*>(handle_event);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   Stream* stream = stream_of(handle, context);
-  if (event->recorded && event->time_ns > stream->tail_ns) stream->tail_ns = event->time_ns;
+  // A process's work runs in submission order: waiting for the event is running after it.
+  if (event->recorded && event->ticket > stream->last_ticket) stream->last_ticket = event->ticket;
   return CUDA_SUCCESS;
 }
 SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream handle, int) {
@@ -1113,14 +1117,17 @@ SIM_EXPORT CUresult cuEventCreate(CUevent* handle, unsigned int) {
   *handle = static_cast<CUevent>(std::calloc(1, sizeof(Event)));
   return *handle ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-// An event completes when the device reaches it: after the stream's earlier work and, as on
-// a GPU running one context at a time, after what other processes queued before it.
+// An event is a marker on its stream that the device reaches in the process's turn, after
+// the process's earlier work: a process holding the device in its time slice delays
+// another's events too.
 SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream handle_stream) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   auto* event = reinterpret_cast<Event*>(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  event->time_ns = machine().reach(context->device, &stream_of(handle_stream, context)->tail_ns);
+  event->device = context->device;
+  event->recorded_ns = monotonic_ns();
+  event->ticket = queue_on_device(stream_of(handle_stream, context), 0);
   event->recorded = true;
   return CUDA_SUCCESS;
 }
@@ -1128,13 +1135,15 @@ SIM_EXPORT CUresult cuEventQuery(CUevent handle) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
   auto* event = reinterpret_cast<Event*>(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  return monotonic_ns() >= event->time_ns ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  if (!event->recorded) return CUDA_SUCCESS;
+  return machine().done(event->device, event->ticket, nullptr) ? CUDA_SUCCESS
+                                                               : CUDA_ERROR_NOT_READY;
 }
 SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
   auto* event = reinterpret_cast<Event*>(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  wait_until(event->time_ns);
+  if (event->recorded) machine().wait(event->device, event->ticket);
   release_pools_on_sync();
   return CUDA_SUCCESS;
 }
@@ -1146,10 +1155,15 @@ SIM_EXPORT CUresult cuEventElapsedTime(float* milliseconds, CUevent start, CUeve
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (!first->recorded || !second->recorded) return CUDA_ERROR_INVALID_HANDLE;
-  const std::uint64_t now = monotonic_ns();
-  if (now < first->time_ns || now < second->time_ns) return CUDA_ERROR_NOT_READY;
-  *milliseconds = static_cast<float>(
-      (static_cast<double>(second->time_ns) - static_cast<double>(first->time_ns)) / 1e6);
+  std::uint64_t times[2];
+  for (int i = 0; i < 2; ++i) {
+    const Event* event = i == 0 ? first : second;
+    std::uint64_t ended = 0;
+    if (!machine().done(event->device, event->ticket, &ended)) return CUDA_ERROR_NOT_READY;
+    times[i] = ended > event->recorded_ns ? ended : event->recorded_ns;
+  }
+  *milliseconds =
+      static_cast<float>((static_cast<double>(times[1]) - static_cast<double>(times[0])) / 1e6);
   return CUDA_SUCCESS;
 }
 SIM_EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
@@ -1439,7 +1453,7 @@ SIM_EXPORT CUresult cuLaunchHostFunc(CUstream handle, CUhostFn fn, void* user_da
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Stream* stream = stream_of(handle, context);
   if (stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  wait_until(stream->tail_ns);
+  machine().wait(context->device, stream->last_ticket);
   fn(user_data);
   return CUDA_SUCCESS;
 }

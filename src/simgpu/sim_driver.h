@@ -16,18 +16,18 @@ namespace tessera::sim {
 struct Context;
 struct Graph;
 
-// Work on a stream runs in order; tail_ns is when its last submitted work ends.
+// Work on a stream runs in order; last_ticket names its last submitted work on the device.
 struct Stream {
   Context* context;
-  std::uint64_t tail_ns;
-  Graph* capture;  // while capturing, work is recorded here instead of run
+  std::uint64_t last_ticket;  // 0: none yet
+  Graph* capture;             // while capturing, work is recorded here instead of run
 };
 
 struct Context {
   int device;  // machine device index
   int ordinal;
   Stream default_stream;
-  std::uint64_t latest_ns;  // when all work submitted in this context ends
+  std::uint64_t latest_ticket;  // the last work submitted in this context (the highest)
 };
 
 // A kernel: how long one wave of blocks (one per SM) runs.
@@ -43,8 +43,11 @@ struct Graph {
   int capacity;
 };
 
+// A marker of no duration the device reaches in its process's turn (`ticket`).
 struct Event {
-  std::uint64_t time_ns;  // when the device reaches it
+  int device;
+  std::uint64_t ticket;
+  std::uint64_t recorded_ns;
   bool recorded;
 };
 

@@ -11,7 +11,10 @@ namespace tessera::sim {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'S', 'I', 'M', 'G'};
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;  // 2: time-sliced schedules
+// A waiter looks again no sooner than this: its work may end any moment, but not every
+// microsecond is worth the schedule's lock.
+constexpr std::uint64_t kShortestWaitNs = 20'000;
 
 void initialize_file(void* base, const void* context) {
   auto* file = static_cast<MachineFile*>(base);
@@ -20,7 +23,12 @@ void initialize_file(void* base, const void* context) {
   file->file_bytes = sizeof(MachineFile);
   std::memcpy(&file->spec, context, sizeof(MachineSpec));
   initialize_accounts(file->accounts);
-  for (DeviceClock& clock : file->clocks) initialize_robust_mutex(&clock.lock);
+  for (DeviceSchedule& schedule : file->schedules) initialize_robust_mutex(&schedule.lock);
+  // Touched now, once: a page first written later would fault while the schedule's lock is
+  // held, by whichever process happens to work the schedule out (on a disk-backed state
+  // file, for as long as a block allocation takes).
+  std::memset(static_cast<void*>(file->completions), 0, sizeof file->completions);
+  std::memset(static_cast<void*>(file->timeline), 0, sizeof file->timeline);
 }
 
 std::uint64_t hash_bytes(const void* data, std::size_t size) {
@@ -71,11 +79,13 @@ bool Machine::attach(ErrorText& error) {
     return false;
   }
   file_ = file;
+  pid_ = static_cast<std::int32_t>(getpid());
   return true;
 }
 
 void Machine::after_fork_in_child() {
   if (file_ == nullptr) return;
+  pid_ = static_cast<std::int32_t>(getpid());
   mapping_.reopen_in_child();
   accounts_.forget_slot();  // the child joins on its first charge
 }
@@ -86,36 +96,143 @@ bool Machine::charge(int device, std::uint64_t bytes) {
   return accounts_.reserve(device, bytes, file_->spec.devices[device].memory_bytes);
 }
 
-std::uint64_t Machine::reach(int device, std::uint64_t* stream_tail) {
-  DeviceClock& clock = file_->clocks[device];
-  lock_robust(&clock.lock);
-  std::uint64_t at = monotonic_ns();
-  if (*stream_tail > at) at = *stream_tail;
-  if (clock.busy_until_ns > at) at = clock.busy_until_ns;
-  clock.busy_until_ns = at;
-  *stream_tail = at;
-  unlock_robust(&clock.lock);
-  return at;
+std::uint64_t Machine::submit(int device, std::uint64_t duration_ns) {
+  DeviceSchedule& schedule = file_->schedules[device];
+  for (;;) {
+    lock_robust(&schedule.lock);  // a dead owner leaves only whole values behind
+    const std::uint64_t now = monotonic_ns();
+    advance_locked(device, now);
+    if (schedule.count < kPendingPerDevice) {
+      const std::uint64_t ticket = file_->next_ticket.fetch_add(1, std::memory_order_relaxed) + 1;
+      // Not before what is already decided: another process may have worked it out to a
+      // moment after this one read the clock.
+      schedule.pending[schedule.count++] = PendingWork{
+          ticket, now > schedule.resolved_ns ? now : schedule.resolved_ns, duration_ns, 0, 0, pid_};
+      unlock_robust(&schedule.lock);
+      return ticket;
+    }
+    unlock_robust(&schedule.lock);  // the device's queue is full, as a driver's can be
+    sleep_until_ns(now + 100'000);
+  }
 }
 
-void Machine::occupy(int device, std::uint64_t* stream_tail, std::uint64_t duration_ns) {
-  DeviceClock& clock = file_->clocks[device];
-  lock_robust(&clock.lock);  // a dead owner leaves only whole 64-bit values behind
-  std::uint64_t start = monotonic_ns();
-  if (*stream_tail > start) start = *stream_tail;
-  if (clock.busy_until_ns > start) start = clock.busy_until_ns;
-  const std::uint64_t end = start + duration_ns;
-  clock.busy_until_ns = end;
-  *stream_tail = end;
+bool Machine::done(int device, std::uint64_t ticket, std::uint64_t* end_ns) {
+  if (end_ns != nullptr) *end_ns = 0;
+  if (ticket == 0) return true;
+  Completion& completion = file_->completions[ticket % kCompletions];
+  if (completion.ticket.load(std::memory_order_acquire) != ticket) advance(device);
+  if (completion.ticket.load(std::memory_order_acquire) == ticket) {
+    if (end_ns != nullptr) *end_ns = completion.end_ns;
+    return true;
+  }
+  // Overwritten by later tickets: long done.
+  return ticket + kCompletions <= file_->next_ticket.load(std::memory_order_relaxed);
+}
+
+std::uint64_t Machine::wait(int device, std::uint64_t ticket) {
+  DeviceSchedule& schedule = file_->schedules[device];
+  for (;;) {
+    std::uint64_t end = 0;
+    if (done(device, ticket, &end)) return end;
+    // It cannot end before the work ahead of it in its own process has run, nor while
+    // another process keeps the device for the rest of its slice.
+    lock_robust(&schedule.lock);
+    const std::uint64_t now = monotonic_ns();
+    std::uint64_t ahead = 0, running = 0;
+    for (std::uint32_t i = 0; i < schedule.count; ++i) {
+      const PendingWork& work = schedule.pending[i];
+      if (work.ticket <= ticket && work.pid == pid_) ahead += work.remaining_ns;
+      if (work.pid == schedule.current_pid && work.pid != pid_) running += work.remaining_ns;
+    }
+    if (running > schedule.slice_left_ns) running = schedule.slice_left_ns;
+    unlock_robust(&schedule.lock);
+    const std::uint64_t bound = ahead + running;
+    sleep_until_ns(now + (bound > kShortestWaitNs ? bound : kShortestWaitNs));
+  }
+}
+
+void Machine::record_run(int device, PendingWork& work, std::uint64_t end_ns) {
+  if (end_ns == work.run_start_ns) {  // a marker (an event) takes no time: nothing to record
+    work.run_start_ns = 0;
+    return;
+  }
   const std::uint64_t index = file_->timeline_head.fetch_add(1, std::memory_order_relaxed);
   TimelineEntry& entry = file_->timeline[index % kTimelineEntries];
   entry.sequence.store(0, std::memory_order_relaxed);
-  entry.pid = static_cast<std::int32_t>(getpid());
+  entry.pid = work.pid;
   entry.device = device;
-  entry.start_ns = start;
-  entry.end_ns = end;
+  entry.start_ns = work.run_start_ns;
+  entry.end_ns = end_ns;
+  entry.work_start_ns = work.first_start_ns;
+  entry.completes = work.remaining_ns == 0 ? 1 : 0;
   entry.sequence.store(index + 1, std::memory_order_release);
-  unlock_robust(&clock.lock);
+  work.run_start_ns = 0;
+}
+
+void Machine::advance(int device) {
+  DeviceSchedule& schedule = file_->schedules[device];
+  lock_robust(&schedule.lock);
+  advance_locked(device, monotonic_ns());
+  unlock_robust(&schedule.lock);
+}
+
+void Machine::advance_locked(int device, std::uint64_t now_ns) {
+  DeviceSchedule& schedule = file_->schedules[device];
+  if (now_ns <= schedule.resolved_ns) return;
+  std::uint64_t time = schedule.resolved_ns;
+  while (time < now_ns && schedule.count > 0) {
+    // Who may run at `time`: the current process if it has work that has arrived and slice
+    // left or nobody else waiting; else the process whose waiting work came first.
+    int mine = -1, other = -1;
+    std::uint64_t next_arrival = UINT64_MAX;
+    for (std::uint32_t i = 0; i < schedule.count; ++i) {
+      const PendingWork& work = schedule.pending[i];
+      if (work.arrival_ns > time) {
+        if (work.arrival_ns < next_arrival) next_arrival = work.arrival_ns;
+        continue;
+      }
+      if (work.pid == schedule.current_pid) {
+        if (mine < 0) mine = static_cast<int>(i);
+      } else if (other < 0) {
+        other = static_cast<int>(i);
+      }
+    }
+    if (mine < 0 && other < 0) {  // idle until the next arrival, which gets a whole slice
+      schedule.current_pid = 0;
+      schedule.slice_left_ns = 0;
+      time = next_arrival < now_ns ? next_arrival : now_ns;
+      continue;
+    }
+    if (mine < 0 || (schedule.slice_left_ns == 0 && other >= 0)) {
+      if (mine >= 0 && schedule.pending[mine].run_start_ns != 0) {
+        record_run(device, schedule.pending[mine], time);  // its slice is over: preempted
+      }
+      mine = other;
+      schedule.current_pid = schedule.pending[mine].pid;
+      schedule.slice_left_ns = kTimeSliceNs;
+    } else if (schedule.slice_left_ns == 0) {
+      schedule.slice_left_ns = kTimeSliceNs;  // alone: it keeps the device
+    }
+    PendingWork& work = schedule.pending[mine];
+    std::uint64_t run = work.remaining_ns;
+    if (run > schedule.slice_left_ns) run = schedule.slice_left_ns;
+    if (run > now_ns - time) run = now_ns - time;
+    if (work.first_start_ns == 0) work.first_start_ns = time;
+    if (work.run_start_ns == 0) work.run_start_ns = time;
+    work.remaining_ns -= run;
+    schedule.slice_left_ns -= run;
+    time += run;
+    if (work.remaining_ns == 0) {
+      record_run(device, work, time);
+      Completion& completion = file_->completions[work.ticket % kCompletions];
+      completion.end_ns = time;
+      completion.ticket.store(work.ticket, std::memory_order_release);
+      std::memmove(&schedule.pending[mine], &schedule.pending[mine + 1],
+                   (schedule.count - static_cast<std::uint32_t>(mine) - 1) * sizeof(PendingWork));
+      --schedule.count;
+    }
+  }
+  schedule.resolved_ns = now_ns;
 }
 
 namespace {
@@ -138,8 +255,8 @@ bool walk_record(const MachineFile& file, std::uint64_t from_ns, Visit visit) {
 
 }  // namespace
 
-BusyTime Machine::busy(int device, std::int32_t pid, std::uint64_t from_ns,
-                       std::uint64_t to_ns) const {
+BusyTime Machine::busy(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns) {
+  advance(device);
   BusyTime busy;
   busy.complete = walk_record(*file_, from_ns, [&](const TimelineEntry& entry) {
     if (entry.device != device) return;
@@ -153,12 +270,13 @@ BusyTime Machine::busy(int device, std::int32_t pid, std::uint64_t from_ns,
 }
 
 int Machine::pieces(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns,
-                    WorkPiece* out, int capacity) const {
+                    WorkPiece* out, int capacity) {
+  advance(device);
   int count = 0;
   const bool complete = walk_record(*file_, from_ns, [&](const TimelineEntry& entry) {
-    if (entry.device != device || entry.pid != pid) return;
-    if (entry.start_ns < from_ns || entry.start_ns >= to_ns) return;
-    if (count < capacity) out[count] = {entry.start_ns, entry.end_ns};
+    if (entry.device != device || entry.pid != pid || entry.completes == 0) return;
+    if (entry.work_start_ns < from_ns || entry.work_start_ns >= to_ns) return;
+    if (count < capacity) out[count] = {entry.work_start_ns, entry.end_ns};
     ++count;
   });
   return complete ? count : -1;

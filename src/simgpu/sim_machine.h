@@ -19,23 +19,52 @@
 
 namespace tessera::sim {
 
-// One kernel (or graph node) as the device ran it: the device's own record of who used it
-// when, independent of anything a limiter believes.
+// A stretch of time the device ran one process's work: the device's own record of who used
+// it when, independent of anything a limiter believes. A kernel cut by time slices leaves one
+// entry per slice; the last (`completes`) also says when the kernel first started.
 struct TimelineEntry {
   std::atomic<std::uint64_t> sequence;  // index + 1 once written: readers skip torn entries
   std::int32_t pid;
   std::int32_t device;
   std::uint64_t start_ns;  // CLOCK_MONOTONIC
   std::uint64_t end_ns;
+  std::uint64_t work_start_ns;  // when the kernel this ran first started
+  std::uint32_t completes;      // 1: the kernel ended here
 };
 inline constexpr std::uint64_t kTimelineEntries = 1u << 18;
 
-// A device runs one piece of work at a time: each starts when the device and its stream
-// are both free, in the order it was submitted.
-struct DeviceClock {
-  alignas(64) pthread_mutex_t lock;
-  std::uint64_t busy_until_ns;
+// Work given to a device and not yet run to its end.
+struct PendingWork {
+  std::uint64_t ticket;
+  std::uint64_t arrival_ns;
+  std::uint64_t remaining_ns;
+  std::uint64_t first_start_ns;  // 0 until it first runs
+  std::uint64_t run_start_ns;    // while it has the device: since when; else 0
+  std::int32_t pid;
 };
+inline constexpr std::uint32_t kPendingPerDevice = 4096;
+// How long a process keeps the device while another process's work waits, as a GPU
+// time-slices between contexts.
+inline constexpr std::uint64_t kTimeSliceNs = 2'000'000;
+
+// A device runs one process's work at a time, each process's in submission order, and
+// switches to a waiting process when the running one's time slice ends or it runs out of
+// work. The schedule is worked out lazily, up to the present, by whichever process asks.
+struct DeviceSchedule {
+  alignas(64) pthread_mutex_t lock;
+  std::uint64_t resolved_ns;  // the schedule is decided and recorded up to here
+  std::int32_t current_pid;   // whose slice it is
+  std::uint64_t slice_left_ns;
+  std::uint32_t count;
+  PendingWork pending[kPendingPerDevice];  // in submission order
+};
+
+// When work ended, by ticket (a ring: a ticket long past is taken as done).
+struct Completion {
+  std::atomic<std::uint64_t> ticket;
+  std::uint64_t end_ns;
+};
+inline constexpr std::uint64_t kCompletions = 1u << 16;
 
 struct MachineFile {
   char magic[8];
@@ -43,9 +72,11 @@ struct MachineFile {
   std::uint32_t file_bytes;
   MachineSpec spec;
   SharedAccounts accounts;  // per process, per device bytes in use
-  DeviceClock clocks[kMaxDevices];
+  DeviceSchedule schedules[kMaxDevices];
+  std::atomic<std::uint64_t> next_ticket;
+  Completion completions[kCompletions];
   std::atomic<std::uint64_t> timeline_head;  // entries written so far
-  TimelineEntry timeline[kTimelineEntries];  // a ring, sparse in the file until used
+  TimelineEntry timeline[kTimelineEntries];  // a ring
 };
 
 // One piece of work in the device's record.
@@ -78,25 +109,35 @@ class Machine {
 
   void after_fork_in_child();
 
-  // Queues `duration_ns` of work on device behind *stream_tail (the stream's last work) and
-  // everything already on the device; moves *stream_tail to its end and records it.
-  void occupy(int device, std::uint64_t* stream_tail, std::uint64_t duration_ns);
-  // A marker (an event) queued now on device behind *stream_tail: when the device reaches
-  // it, after everything submitted before it by any process. Moves *stream_tail there.
-  std::uint64_t reach(int device, std::uint64_t* stream_tail);
+  // Gives device `duration_ns` of work from this process, after its earlier work; returns
+  // the work's ticket (never 0).
+  std::uint64_t submit(int device, std::uint64_t duration_ns);
+  // Whether the work with `ticket` (0: none) has run to its end, and when it ended (0 if
+  // none or too long ago to remember).
+  bool done(int device, std::uint64_t ticket, std::uint64_t* end_ns);
+  // Waits until it has; returns when it ended.
+  std::uint64_t wait(int device, std::uint64_t ticket);
   // What the record says about [from_ns, to_ns) on device, for pid (0: nobody in particular).
-  BusyTime busy(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns) const;
-  // The pieces of work pid ran on device that started within [from_ns, to_ns), in the order
-  // recorded; returns how many there were (up to `capacity` are stored), or -1 if the record
-  // no longer reaches back to the window.
+  BusyTime busy(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns);
+  // The kernels pid ran on device that first started within [from_ns, to_ns), in the order
+  // they ended, each from its first start to its end; returns how many there were (up to
+  // `capacity` are stored), or -1 if the record no longer reaches back to the window.
   int pieces(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns,
-             WorkPiece* out, int capacity) const;
+             WorkPiece* out, int capacity);
   // The process is exiting: like the driver, free all it held on every device now.
   void release_process() { accounts_.leave(); }
 
  private:
+  // Works out what the device ran up to now and records it (the _locked form holds the
+  // schedule's lock already).
+  void advance(int device);
+  void advance_locked(int device, std::uint64_t now_ns);
+  // Records the run `work` has had since it got the device, up to end_ns.
+  void record_run(int device, PendingWork& work, std::uint64_t end_ns);
+
   SharedMapping mapping_;
   MachineFile* file_ = nullptr;
+  std::int32_t pid_ = 0;  // this process's, kept: getpid is a system call
   MemberAccounts accounts_;
 };
 
