@@ -101,7 +101,9 @@ std::uint64_t Machine::submit(int device, std::uint64_t duration_ns) {
   for (;;) {
     lock_robust(&schedule.lock);  // a dead owner leaves only whole values behind
     const std::uint64_t now = monotonic_ns();
-    advance_locked(device, now);
+    // Only queued here, the lock held briefly: working the schedule out is left to those
+    // who wait or ask, unless the queue is full.
+    if (schedule.count == kPendingPerDevice) advance_locked(device, now);
     if (schedule.count < kPendingPerDevice) {
       const std::uint64_t ticket = file_->next_ticket.fetch_add(1, std::memory_order_relaxed) + 1;
       // Not before what is already decided: another process may have worked it out to a
