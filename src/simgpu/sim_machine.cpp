@@ -118,11 +118,10 @@ std::uint64_t Machine::submit(int device, std::uint64_t duration_ns) {
   }
 }
 
-bool Machine::done(int device, std::uint64_t ticket, std::uint64_t* end_ns) {
+bool Machine::completed(std::uint64_t ticket, std::uint64_t* end_ns) const {
   if (end_ns != nullptr) *end_ns = 0;
   if (ticket == 0) return true;
-  Completion& completion = file_->completions[ticket % kCompletions];
-  if (completion.ticket.load(std::memory_order_acquire) != ticket) advance(device);
+  const Completion& completion = file_->completions[ticket % kCompletions];
   if (completion.ticket.load(std::memory_order_acquire) == ticket) {
     if (end_ns != nullptr) *end_ns = completion.end_ns;
     return true;
@@ -131,15 +130,25 @@ bool Machine::done(int device, std::uint64_t ticket, std::uint64_t* end_ns) {
   return ticket + kCompletions <= file_->next_ticket.load(std::memory_order_relaxed);
 }
 
+bool Machine::done(int device, std::uint64_t ticket, std::uint64_t* end_ns) {
+  if (completed(ticket, end_ns)) return true;
+  advance(device);
+  return completed(ticket, end_ns);
+}
+
 std::uint64_t Machine::wait(int device, std::uint64_t ticket) {
   DeviceSchedule& schedule = file_->schedules[device];
-  for (;;) {
-    std::uint64_t end = 0;
-    if (done(device, ticket, &end)) return end;
-    // It cannot end before the work ahead of it in its own process has run, nor while
-    // another process keeps the device for the rest of its slice.
+  for (std::uint64_t end = 0;;) {
+    if (completed(ticket, &end)) return end;
     lock_robust(&schedule.lock);
     const std::uint64_t now = monotonic_ns();
+    advance_locked(device, now);
+    if (completed(ticket, &end)) {
+      unlock_robust(&schedule.lock);
+      return end;
+    }
+    // It cannot end before the work ahead of it in its own process has run, nor while
+    // another process keeps the device for the rest of its slice.
     std::uint64_t ahead = 0, running = 0;
     for (std::uint32_t i = 0; i < schedule.count; ++i) {
       const PendingWork& work = schedule.pending[i];

@@ -128,6 +128,8 @@ class Machine {
   void release_process() { accounts_.leave(); }
 
  private:
+  // Whether the work with `ticket` is known to have ended (without working anything out).
+  bool completed(std::uint64_t ticket, std::uint64_t* end_ns) const;
   // Works out what the device ran up to now and records it (the _locked form holds the
   // schedule's lock already).
   void advance(int device);
