@@ -392,6 +392,7 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
         cached = CachedScore{true, node.version, fgd_score(node, request)};
       }
       candidate = cached.score;
+      if (placement.node >= 0 && candidate.primary < best.primary - 1e-9) continue;  // cannot win
       if (policy == Policy::fgd_packed) candidate.secondary = packing_preference(node, request);
     } else {
       candidate = score(node, request, policy);
