@@ -231,7 +231,8 @@ TEST_F(Extender, WatchedPodsAndNodesTakeAndGiveRoomAsTheyComeAndGo) {
 }
 
 TEST_F(Extender, AWatchWhoseVersionExpiredListsAgain) {
-  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 1; }));
+  // Listed once at start and once by the pods' watcher before it watches.
+  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 2; }));
   const int before = api_.lists["pods"];
   api_.push("pods", {{"type", "ERROR"},
                      {"object",
@@ -240,6 +241,14 @@ TEST_F(Extender, AWatchWhoseVersionExpiredListsAgain) {
                        {"reason", "Expired"},
                        {"code", 410},
                        {"message", "too old resource version: 48220 (48990)"}}}});
+  EXPECT_TRUE(eventually([&] { return api_.lists["pods"] > before; }));
+}
+
+TEST_F(Extender, AnUnreadableWatchEventListsAgainRatherThanGuess) {
+  // Listed once at start and once by the pods' watcher before it watches.
+  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 2; }));
+  const int before = api_.lists["pods"];
+  api_.push("pods", {{"type", "MODIFIED"}, {"object", {{"metadata", 42}}}});
   EXPECT_TRUE(eventually([&] { return api_.lists["pods"] > before; }));
 }
 

@@ -392,17 +392,20 @@ bool Extender::sync(std::string& error) {
 }
 
 Extender::WatchEnd Extender::apply_event(Resource resource, const std::string& line,
-                                         std::string& version) {
+                                         std::string& version, std::string& why) {
   nlohmann::json event;
   try {
     event = nlohmann::json::parse(line);
-  } catch (const std::exception&) {
-    return WatchEnd::broken;  // not an event: the watch is not what it should be
+  } catch (const std::exception& error) {
+    why = fmt::format("an event is not JSON: {}", error.what());
+    return WatchEnd::broken;
   }
   const std::string type = event.value("type", std::string());
   const nlohmann::json& object = event.contains("object") ? event["object"] : event;
   if (type == "ERROR" || type.empty()) {  // 410 Gone: the version is too old to watch from
-    return object.value("code", 0) == 410 ? WatchEnd::expired : WatchEnd::broken;
+    if (object.value("code", 0) == 410) return WatchEnd::expired;
+    why = fmt::format("the API server sent {}", line.substr(0, 200));
+    return WatchEnd::broken;
   }
   version = object.value("/metadata/resourceVersion"_json_pointer, version);
   if (type == "BOOKMARK") return WatchEnd::not_yet;
@@ -427,8 +430,9 @@ Extender::WatchEnd Extender::apply_event(Resource resource, const std::string& l
       }  // else not placed by Tessera yet: a bind of ours may be holding its room
     }
     dirty_ = true;
-  } catch (const std::exception&) {
-    return WatchEnd::broken;  // an object we cannot read: list again rather than guess
+  } catch (const std::exception& error) {  // list again rather than guess
+    why = fmt::format("a {} event's object cannot be read: {}", type, error.what());
+    return WatchEnd::broken;
   }
   return WatchEnd::not_yet;
 }
@@ -455,16 +459,18 @@ void Extender::follow(Resource resource, const std::atomic<bool>& stop,
       const ApiResponse answer = api_->watch(
           path,
           [&](const std::string& line) {
-            end = apply_event(resource, line, version);
+            end = apply_event(resource, line, version, error);
             return end == WatchEnd::not_yet;
           },
           stop, 330);
       if (end == WatchEnd::not_yet && answer.status != 200 && !stop) {
-        report(fmt::format("watching {} failed: HTTP {} {}", collection_path(resource),
-                           answer.status, answer.error));
+        error = fmt::format("HTTP {} {}", answer.status, answer.error);
         end = WatchEnd::broken;
       }
-      if (end == WatchEnd::broken) pause();  // whatever broke it, do not hammer the server
+      if (end == WatchEnd::broken) {  // whatever broke it, say so, and do not hammer the server
+        report(fmt::format("watching {}: {}; listing again", collection_path(resource), error));
+        pause();
+      }
       // A stream that ends cleanly (timeoutSeconds) is resumed from the last version seen.
     }
   }

@@ -62,8 +62,9 @@ class Extender {
 
   enum class WatchEnd { not_yet, expired, broken };
   bool list(Resource resource, std::string& version, std::string& error);
-  // Applies one line of a watch; says whether the watch must end.
-  WatchEnd apply_event(Resource resource, const std::string& line, std::string& version);
+  // Applies one line of a watch; says whether the watch must end, and if it broke, why.
+  WatchEnd apply_event(Resource resource, const std::string& line, std::string& version,
+                       std::string& why);
 
   // Parses ExtenderArgs; on failure fills reply with 400 and the reason.
   bool parse_args(const std::string& body, Candidates& candidates, HttpReply& reply);
