@@ -147,6 +147,19 @@ TEST(Engine, UnknownPoliciesAreNamed) {
   }
 }
 
+// Writes `text` as `name` and expects `read` to refuse it with `expected` after the path.
+template <typename Read>
+void expect_refused(const ScratchDirectory& scratch, const char* name, const char* text,
+                    const char* expected, Read read) {
+  const std::string path = write(scratch, name, text);
+  try {
+    read(path);
+    ADD_FAILURE() << "accepted: " << text;
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find(path + expected), std::string::npos) << error.what();
+  }
+}
+
 TEST(Trace, MalformedFilesAreRefusedWithFileLineAndColumn) {
   ScratchDirectory scratch;
   struct Case {
@@ -161,16 +174,7 @@ TEST(Trace, MalformedFilesAreRefusedWithFileLineAndColumn) {
        ":2:5: a node with GPUs needs a model"},
       {"sn,cpu_milli,memory_mib,gpu,model\n", ": no nodes"},
   };
-  for (const Case& c : nodes) {
-    const std::string path = write(scratch, "nodes.csv", c.text);
-    try {
-      read_nodes(path);
-      ADD_FAILURE() << "accepted: " << c.text;
-    } catch (const std::runtime_error& error) {
-      EXPECT_NE(std::string(error.what()).find(path + c.expected), std::string::npos)
-          << error.what();
-    }
-  }
+  for (const Case& c : nodes) expect_refused(scratch, "nodes.csv", c.text, c.expected, read_nodes);
   const Case pods[] = {
       {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,10,2,500\n",
        ":2:5: a pod with 2 GPUs must ask for 1000 milli-GPU each, not 500"},
@@ -178,16 +182,7 @@ TEST(Trace, MalformedFilesAreRefusedWithFileLineAndColumn) {
        ":2:5: '1001' is not a whole number from 0 to 1000"},
       {"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,-5,10,1,100\n", ":2:2: '-5' is not"},
   };
-  for (const Case& c : pods) {
-    const std::string path = write(scratch, "pods.csv", c.text);
-    try {
-      read_pods(path);
-      ADD_FAILURE() << "accepted: " << c.text;
-    } catch (const std::runtime_error& error) {
-      EXPECT_NE(std::string(error.what()).find(path + c.expected), std::string::npos)
-          << error.what();
-    }
-  }
+  for (const Case& c : pods) expect_refused(scratch, "pods.csv", c.text, c.expected, read_pods);
 }
 
 TEST(Experiment, TheSameSeedGivesTheSameCurveAndTheLoadIsReached) {
