@@ -20,14 +20,19 @@
 namespace tessera::test {
 namespace {
 
-// The device time `pids` got within [from, to) on device 0, as a fraction of the window.
-double share_of(const ScratchDirectory& scratch, const std::vector<std::int32_t>& pids,
-                std::uint64_t from, std::uint64_t to) {
+// Attaches `machine` to the simulated GPU the scratch directory's workers ran on.
+void attach_to_device_record(const ScratchDirectory& scratch, sim::Machine& machine) {
   setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
   unsetenv("TESSERA_SIM_DEVICES");
   ErrorText error;
-  sim::Machine machine;
   EXPECT_TRUE(machine.attach(error)) << error.text;
+}
+
+// The device time `pids` got within [from, to) on device 0, as a fraction of the window.
+double share_of(const ScratchDirectory& scratch, const std::vector<std::int32_t>& pids,
+                std::uint64_t from, std::uint64_t to) {
+  sim::Machine machine;
+  attach_to_device_record(scratch, machine);
   std::uint64_t busy = 0;
   for (std::int32_t pid : pids) {
     const sim::BusyTime record = machine.busy(0, pid, from, to);
@@ -219,11 +224,8 @@ std::uint64_t p99_latency(const ScratchDirectory& scratch, const Finished& done)
   std::vector<std::uint64_t> launched;
   std::stringstream list(done.value("launched_ns"));
   for (std::string time; std::getline(list, time, ',');) launched.push_back(std::stoull(time));
-  setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
-  unsetenv("TESSERA_SIM_DEVICES");
-  ErrorText error;
   sim::Machine machine;
-  EXPECT_TRUE(machine.attach(error)) << error.text;
+  attach_to_device_record(scratch, machine);
   std::vector<sim::WorkPiece> pieces(launched.size() + 1);
   const int count =
       machine.pieces(0, static_cast<std::int32_t>(done.number("pid")), done.number("begin_ns"),
