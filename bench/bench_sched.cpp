@@ -11,7 +11,7 @@ namespace {
 
 using namespace tessera::sched;
 
-const std::string kData = std::string(TESSERA_SOURCE_DIR) + "/../shared/data/openb/";
+const std::string kData = std::string(TESSERA_SOURCE_DIR) + "/data/openb/";
 
 struct Fixture {
   std::vector<NodeSpec> nodes = read_nodes(kData + "openb_node_list_gpu_node.csv");

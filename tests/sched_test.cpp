@@ -210,7 +210,7 @@ TEST(Experiment, TheSameSeedGivesTheSameCurveAndTheLoadIsReached) {
 }
 
 TEST(Experiment, TheOpenbTraceReproducesThePapersBaselines) {
-  const std::string data = std::string(TESSERA_SOURCE_DIR) + "/../shared/data/openb/";
+  const std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/openb/";
   const auto nodes = read_nodes(data + "openb_node_list_gpu_node.csv");
   const auto pods = read_pods(data + "openb_pod_list_default.csv");
   ASSERT_EQ(nodes.size(), 1213u);
@@ -233,7 +233,7 @@ TEST(Experiment, TheOpenbTraceReproducesThePapersBaselines) {
 }
 
 TEST(Experiment, FgdMatchesThePaperAndTesserasPolicyBeatsIt) {
-  const std::string data = std::string(TESSERA_SOURCE_DIR) + "/../shared/data/openb/";
+  const std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/openb/";
   const auto nodes = read_nodes(data + "openb_node_list_gpu_node.csv");
   const auto pods = read_pods(data + "openb_pod_list_default.csv");
   double fgd[2] = {}, packed[2] = {};  // at 100 % and 130 % arrived, mean of the paper's seeds

@@ -1,4 +1,4 @@
-// Cluster traces in the Alibaba GPU-sharing format (../shared/data/openb): node lists
+// Cluster traces in the Alibaba GPU-sharing format (data/openb in the repository): node lists
 // (sn,cpu_milli,memory_mib,gpu,model) and pod lists (name,cpu_milli,memory_mib,num_gpu,
 // gpu_milli[,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time]).
 #pragma once
