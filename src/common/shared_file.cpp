@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/bounded_format.h"
+
 namespace tessera {
 namespace {
 
@@ -32,7 +34,10 @@ bool set_size_and_map(int fd, std::size_t size, bool resize, SharedMapping& mapp
 bool create_by_link(const char* path, std::size_t size, InitializeShared initialize,
                     const void* context, ErrorText& error) {
   char temporary[4096];
-  std::snprintf(temporary, sizeof temporary, "%s.tmp.%d", path, static_cast<int>(getpid()));
+  if (!format_bounded(temporary, sizeof temporary, error, "%s.tmp.%d", path,
+                      static_cast<int>(getpid()))) {
+    return false;
+  }
   const int fd = open(temporary, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return error.set("%s: cannot create: %s", path, std::strerror(errno));
   SharedMapping staging;

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/bounded_format.h"
+
 namespace tessera::ledger {
 namespace {
 
@@ -26,7 +28,7 @@ void initialize(void* base, const void*) {
 
 bool Demand::open(const char* directory, std::uint64_t group_id, ErrorText& error) {
   char path[4096];
-  std::snprintf(path, sizeof path, "%s/tessera.demand", directory);
+  if (!format_bounded(path, sizeof path, error, "%s/tessera.demand", directory)) return false;
   if (!map_shared_file(path, sizeof(DemandFile), initialize, nullptr, mapping_, error))
     return false;
   auto* file = static_cast<DemandFile*>(mapping_.base);
@@ -46,7 +48,7 @@ bool Demand::open_beside(const char* ledger_path, ErrorText& error) {
     return error.set("%s: cannot read its identity for the demand file", ledger_path);
   }
   char directory[4096];
-  std::snprintf(directory, sizeof directory, "%s", ledger_path);
+  if (!format_bounded(directory, sizeof directory, error, "%s", ledger_path)) return false;
   const auto group = static_cast<std::uint64_t>(status.st_ino);
   char* slash = std::strrchr(directory, '/');
   if (slash == nullptr) return open(".", group, error);

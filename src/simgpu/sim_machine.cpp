@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/bounded_format.h"
+
 namespace tessera::sim {
 namespace {
 
@@ -46,7 +48,10 @@ bool Machine::attach(ErrorText& error) {
   if (!machine_spec_from_environment(spec, error)) return false;
   char path[4096];
   if (const char* explicit_path = std::getenv("TESSERA_SIM_STATE"); explicit_path != nullptr) {
-    std::snprintf(path, sizeof path, "%s", explicit_path);
+    if (!format_bounded(path, sizeof path, error, "%s", explicit_path)) {
+      ErrorText reason = error;
+      return error.set("TESSERA_SIM_STATE: %s", reason.text);
+    }
   } else {
     // The name depends on the device list and the file's layout, so neither a different
     // configuration nor an older Tessera's file is ever picked up.
