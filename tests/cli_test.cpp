@@ -164,26 +164,52 @@ TEST(Cli, TopReportsAnUnreadableLedgerAndCarriesOn) {
   EXPECT_NE(top.out.find("unreadable"), std::string::npos) << top.out;
 }
 
-TEST(Cli, BadInputIsRefusedWithTheReason) {
+TEST(Cli, BadInputIsRefusedWithTheReasonAndUsageStatus) {
   ScratchDirectory scratch;
   struct Case {
     std::vector<std::string> arguments;
     const char* expected;
+    int exit_code;  // 2: refused arguments (usage); 127: the command could not be started
   } cases[] = {
-      {{"run", "--memory", "8XB", "--", "true"}, "--memory '8XB' is not a size"},
-      {{"run", "--memory", "1GiB", "--group", "a b", "--", "true"}, "--group 'a b' must be"},
-      {{"run", "--memory", "1GiB", "--device", "99", "--", "true"}, "--device 99 is out of range"},
-      {{"run", "--memory", "1GiB", "--", "/no/such/program"}, "cannot run '/no/such/program'"},
-      {{"run", "--", "true"}, "--memory is required"},
-      {{"frobnicate"}, "frobnicate"},
+      {{"run", "--memory", "8XB", "--", "true"}, "--memory '8XB' is not a size", 2},
+      {{"run", "--memory", "1GiB", "--group", "a b", "--", "true"}, "--group 'a b' must be", 2},
+      {{"run", "--memory", "1GiB", "--device", "99", "--", "true"}, "--device 99 is out of range",
+       2},
+      // The machine has two GPUs: 2 names none of them.
+      {{"run", "--memory", "1GiB", "--device", "2", "--", "true"},
+       "--device 2: this machine has 2 GPUs (0 to 1)", 2},
+      {{"run", "--memory", "1GiB", "--cores", "0", "--", "true"}, "--cores 0 must be a percentage",
+       2},
+      {{"run", "--memory", "1GiB", "--burst", "--", "true"}, "--burst needs --cores", 2},
+      {{"run", "--memory", "1GiB"}, "command is required", 2},
+      {{"run", "--memory"}, "--memory", 2},
+      {{"run", "--memory", "1GiB", "--frob", "--", "true"}, "--frob", 2},
+      {{"sim", "--nodes", "n.csv"}, "--pods is required", 2},
+      {{"scheduler", "--listen", "127.0.0.1:abc"}, "--listen '127.0.0.1:abc'", 2},
+      {{"frobnicate"}, "frobnicate", 2},
+      {{"run", "--memory", "1GiB", "--", "/no/such/program"}, "cannot run '/no/such/program'",
+       127},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv{tessera()};
     argv.insert(argv.end(), c.arguments.begin(), c.arguments.end());
     const Finished done = run(argv, cli_environment(scratch));
-    EXPECT_NE(done.exit_code, 0) << c.expected;
+    EXPECT_EQ(done.exit_code, c.exit_code) << c.expected << ": " << done.err;
     EXPECT_NE(done.err.find(c.expected), std::string::npos) << c.expected << " vs: " << done.err;
   }
+}
+
+TEST(Cli, CoresAloneGiveAComputeShareWithUnlimitedMemory) {
+  ScratchDirectory scratch;
+  const Finished done =
+      run({tessera(), "run", "--cores", "30", "--", worker(), "info"}, cli_environment(scratch));
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_EQ(done.number("total"), 81559 * kMiB);  // the whole H100: no memory limit
+  const Finished told = run({tessera(), "run", "--cores", "30", "--", "printenv",
+                             "TESSERA_CORE_LIMIT", "TESSERA_MEMORY_LIMIT"},
+                            cli_environment(scratch));
+  EXPECT_EQ(told.out, "30\n") << told.err;  // and no memory limit variable at all
+  EXPECT_EQ(told.exit_code, 1);                // printenv: one of the two is unset
 }
 
 TEST(Cli, AGroupCannotBeJoinedWithADifferentLimit) {
@@ -207,6 +233,81 @@ TEST(Cli, HelpIsEverywhere) {
     EXPECT_EQ(done.exit_code, 0) << command;
     EXPECT_NE(done.out.find("--"), std::string::npos) << command;
   }
+}
+
+}  // namespace
+}  // namespace tessera::test
+
+namespace tessera::test {
+namespace {
+
+// `tessera sim` on traces written here, under a timeout so that a hang fails the test.
+Finished sim_on(const ScratchDirectory& scratch, const std::string& nodes, const std::string& pods,
+                std::vector<std::string> extra = {}) {
+  std::ofstream(scratch.file("nodes.csv")) << nodes;
+  std::ofstream(scratch.file("pods.csv")) << pods;
+  std::vector<std::string> argv{"/usr/bin/timeout", "-s", "KILL", "60", tessera(), "sim",
+                                "--nodes", scratch.file("nodes.csv"), "--pods",
+                                scratch.file("pods.csv"), "--policies", "best-fit,fgd"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return run(argv);
+}
+
+const char* const kTwoNodes =
+    "sn,cpu_milli,memory_mib,gpu,model\nn1,32000,262144,2,T4\nn2,64000,262144,8,V100M32\n";
+
+TEST(Sim, AnswersOrRefusesEveryTraceWithoutHangingOrAborting) {
+  ScratchDirectory scratch;
+  struct Case {
+    std::string nodes, pods;
+    std::vector<std::string> extra;
+    int exit_code;
+    const char* expected;
+  } cases[] = {
+      // Pods that ask for no GPU never reach a GPU load: refused, not looped on forever.
+      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,0,0\n", {}, 1,
+       "no pod in the trace asks for a GPU"},
+      {"sn,cpu_milli,memory_mib,gpu,model\nc1,32000,262144,0,\n",
+       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n", {}, 1,
+       "no node in the list has a GPU"},
+      // A trace without times cannot be replayed: said, without an uncaught exception.
+      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {"--replay"}, 1, "has no creation time"},
+      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {"--seeds", "42abc"}, 2, "--seeds '42abc'"},
+      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {"--seeds", "51-42"}, 2, "--seeds '51-42'"},
+      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {"--seeds", "99999999999999999999999"}, 2, "--seeds"},
+  };
+  for (const Case& c : cases) {
+    const Finished done = sim_on(scratch, c.nodes, c.pods, c.extra);
+    EXPECT_EQ(done.exit_code, c.exit_code) << c.expected << "\n" << done.err;
+    EXPECT_NE(done.err.find(c.expected), std::string::npos) << c.expected << " vs: " << done.err;
+  }
+}
+
+TEST(Sim, ANodeListWithMoreGpuModelsThanTheEngineHoldsIsRefused) {
+  ScratchDirectory scratch;
+  std::string nodes = "sn,cpu_milli,memory_mib,gpu,model\n";
+  for (int i = 0; i < 70; ++i) {
+    nodes += "n" + std::to_string(i) + ",32000,262144,1,M" + std::to_string(i) + "\n";
+  }
+  const Finished done =
+      sim_on(scratch, nodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n");
+  EXPECT_EQ(done.exit_code, 1) << done.err;
+  EXPECT_NE(done.err.find("70 GPU models; the engine holds at most 63"), std::string::npos)
+      << done.err;
+}
+
+TEST(Sim, AFewGpuPodsAmongManyCpuPodsStillFinish) {
+  ScratchDirectory scratch;
+  std::string pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n";
+  for (int i = 0; i < 200; ++i) pods += "c" + std::to_string(i) + ",100,128,0,0\n";
+  pods += "g,1000,1024,1,1000\n";
+  const Finished done = sim_on(scratch, kTwoNodes, pods, {"--seeds", "1-3"});
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("best-fit"), std::string::npos) << done.out;
 }
 
 }  // namespace

@@ -183,8 +183,12 @@ ScratchDirectory::~ScratchDirectory() {
   std::filesystem::remove_all(path_);
 }
 
+// TESSERA_TEST_BUILD_DIR runs the tests against another build's programs (for example an
+// older commit's, to see a test fail before its fix).
 std::string build_path(const std::string& relative) {
-  return std::string(TESSERA_BINARY_DIR) + "/" + relative;
+  const char* other = std::getenv("TESSERA_TEST_BUILD_DIR");
+  return std::string(other != nullptr && *other != '\0' ? other : TESSERA_BINARY_DIR) + "/" +
+         relative;
 }
 std::string worker() {
   return build_path("tests/cuda_worker");

@@ -1,17 +1,25 @@
-// The tessera subcommands. Each returns the process exit status; errors the user can fix
-// are thrown as std::runtime_error with a message that names the input at fault.
+// The tessera subcommands. Each returns the process exit status. A refused argument is
+// thrown as UsageError (exit status 2), any other failure as std::runtime_error (status 1),
+// each with a message that names the input at fault.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace tessera::cli {
 
+inline constexpr int kUsageStatus = 2;  // refused arguments, as for any Unix command
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct RunOptions {
   std::optional<int> device;  // physical GPU index; the group sees only this GPU
-  std::string memory;         // a size, as written by the user
+  std::string memory;         // a size, as written by the user; empty: no memory limit
   std::optional<int> cores;   // percent of the GPU's time
   bool burst = false;         // may use time no other group wants
   std::string priority;       // "high", "low", or empty: none

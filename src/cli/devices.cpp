@@ -1,82 +1,38 @@
 // tessera devices: the GPUs this machine has, as NVML reports them.
-#include <dlfcn.h>
 #include <fmt/core.h>
 
 #include <nlohmann/json.hpp>
-#include <stdexcept>
 #include <string>
 
 #include "cli/commands.h"
 #include "cli/environment.h"
-#include "common/units.h"
-#include "cuda_abi/nvml_abi.h"
+#include "cli/gpus.h"
 
 namespace tessera::cli {
-namespace {
-
-using namespace tessera::abi;
-
-template <typename Function>
-Function resolve(void* library, const char* name) {
-  auto* function = reinterpret_cast<Function>(dlsym(library, name));
-  if (function == nullptr) throw std::runtime_error(fmt::format("NVML lacks {}", name));
-  return function;
-}
-
-}  // namespace
 
 int devices_command(const DevicesOptions& options) {
   const Installation installation = locate_installation();
   const bool simulated = use_simulated_gpu(installation);
-  const std::string library =
-      simulated ? installation.simulator_dir + "/libnvidia-ml.so.1" : "libnvidia-ml.so.1";
-  void* nvml = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (nvml == nullptr)
-    throw std::runtime_error(fmt::format("cannot load {}: {}", library, dlerror()));
-
-  auto init = resolve<PFN_nvmlInit_v2>(nvml, "nvmlInit_v2");
-  auto count = resolve<PFN_nvmlDeviceGetCount_v2>(nvml, "nvmlDeviceGetCount_v2");
-  auto by_index = resolve<PFN_nvmlDeviceGetHandleByIndex_v2>(nvml, "nvmlDeviceGetHandleByIndex_v2");
-  auto name_of = resolve<PFN_nvmlDeviceGetName>(nvml, "nvmlDeviceGetName");
-  auto uuid_of = resolve<PFN_nvmlDeviceGetUUID>(nvml, "nvmlDeviceGetUUID");
-  auto memory_of = resolve<PFN_nvmlDeviceGetMemoryInfo>(nvml, "nvmlDeviceGetMemoryInfo");
-  if (const nvmlReturn_t status = init(); status != NVML_SUCCESS) {
-    throw std::runtime_error(fmt::format("nvmlInit failed with NVML error {}", status));
-  }
-  unsigned devices = 0;
-  count(&devices);
-
-  nlohmann::json list = nlohmann::json::array();
-  for (unsigned index = 0; index < devices; ++index) {
-    nvmlDevice_t device = nullptr;
-    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
-    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
-    nvmlMemory_t memory{};
-    if (by_index(index, &device) != NVML_SUCCESS ||
-        name_of(device, name, sizeof name) != NVML_SUCCESS ||
-        uuid_of(device, uuid, sizeof uuid) != NVML_SUCCESS ||
-        memory_of(device, &memory) != NVML_SUCCESS) {
-      throw std::runtime_error(fmt::format("NVML could not describe device {}", index));
-    }
-    list.push_back({{"index", index},
-                    {"name", name},
-                    {"uuid", uuid},
-                    {"memory_total", memory.total},
-                    {"memory_used", memory.used},
-                    {"simulated", simulated}});
-  }
+  const std::vector<GpuInfo> gpus = list_gpus(installation, simulated);
   if (options.json) {
-    fmt::print("{}\n", list.dump(2));
+    nlohmann::json list = nlohmann::json::array();
+    for (const GpuInfo& gpu : gpus) {
+      list.push_back({{"index", gpu.index},
+                      {"name", gpu.name},
+                      {"uuid", gpu.uuid},
+                      {"memory_total", gpu.memory_total},
+                      {"memory_used", gpu.memory_used},
+                      {"simulated", simulated}});
+    }
+    fmt::print("{}\n", list.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return 0;
   }
-  fmt::print("{} GPU(s), {}\n", devices,
+  fmt::print("{} GPU(s), {}\n", gpus.size(),
              simulated ? "simulated (no NVIDIA driver found)" : "NVIDIA driver");
   fmt::print("{:<6}{:<28}{:<44}{:>14}{:>14}\n", "INDEX", "NAME", "UUID", "MEMORY", "USED");
-  for (const auto& entry : list) {
-    fmt::print("{:<6}{:<28}{:<44}{:>14}{:>14}\n", entry["index"].get<unsigned>(),
-               entry["name"].get<std::string>(), entry["uuid"].get<std::string>(),
-               human_size(entry["memory_total"].get<std::uint64_t>()),
-               human_size(entry["memory_used"].get<std::uint64_t>()));
+  for (const GpuInfo& gpu : gpus) {
+    fmt::print("{:<6}{:<28}{:<44}{:>14}{:>14}\n", gpu.index, gpu.name, gpu.uuid,
+               human_size(gpu.memory_total), human_size(gpu.memory_used));
   }
   return 0;
 }

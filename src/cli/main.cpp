@@ -2,10 +2,21 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
 #include "cli/commands.h"
+
+namespace {
+
+// Never throws: a closed or full stderr must not turn an error into a crash.
+void report_error(const std::string& message) {
+  const std::string line = "tessera: " + message + "\n";
+  std::fputs(line.c_str(), stderr);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace tessera::cli;
@@ -15,8 +26,8 @@ int main(int argc, char** argv) {
   RunOptions run;
   CLI::App* run_app =
       app.add_subcommand("run", "Run a command in a sharing group whose device memory is limited");
-  run_app->add_option("--memory", run.memory, "Device memory the group may hold, e.g. 8GiB")
-      ->required();
+  run_app->add_option("--memory", run.memory,
+                      "Device memory the group may hold, e.g. 8GiB (default: no limit)");
   run_app->add_option("--device", run.device, "Give the group only this GPU (physical index)");
   run_app->add_option("--cores", run.cores,
                       "Percent of the GPU's time the group may use (hard cap)");
@@ -87,13 +98,17 @@ int main(int argc, char** argv) {
     return false;
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
-    fmt::print(
-        stderr,
-        "tessera: unknown command '{}' (commands: run, devices, top, sim, scheduler; see --help)\n",
-        argv[1]);
-    return 2;
+    report_error(fmt::format(
+        "unknown command '{}' (commands: run, devices, top, sim, scheduler; see --help)", argv[1]));
+    return kUsageStatus;
   }
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // --help and --version are "errors" that succeed; everything else is a refused argument.
+    const int status = app.exit(error);
+    return status == 0 ? 0 : kUsageStatus;
+  }
   try {
     if (run_app->parsed()) return run_command(run);
     if (devices_app->parsed()) return devices_command(devices);
@@ -103,9 +118,12 @@ int main(int argc, char** argv) {
       top.once = top.once || top.json;
       return top_command(top);
     }
+  } catch (const UsageError& error) {
+    report_error(error.what());
+    return kUsageStatus;
   } catch (const std::exception& error) {
-    fmt::print(stderr, "tessera: {}\n", error.what());
+    report_error(error.what());
     return 1;
   }
-  return 2;
+  return kUsageStatus;
 }

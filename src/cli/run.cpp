@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/environment.h"
+#include "cli/gpus.h"
 #include "common/units.h"
 #include "ledger/ledger.h"
 
@@ -33,39 +34,52 @@ bool valid_group_name(const std::string& name) {
   return name.front() != '.';
 }
 
-}  // namespace
-
-int run_command(const RunOptions& options) {
-  std::uint64_t limit = 0;
-  if (!parse_size(options.memory, limit) || limit == 0) {
-    throw std::runtime_error(
+// Refuses arguments that cannot be right, before anything is created.
+void check_arguments(const RunOptions& options, std::uint64_t& memory_limit) {
+  memory_limit = kUnlimited;
+  if (!options.memory.empty() && (!parse_size(options.memory, memory_limit) || memory_limit == 0)) {
+    throw UsageError(
         fmt::format("--memory '{}' is not a size larger than 0 (write e.g. 8GiB, 512MiB or 8g)",
                     options.memory));
   }
   if (options.cores && (*options.cores < 1 || *options.cores > 100)) {
-    throw std::runtime_error(
-        fmt::format("--cores {} must be a percentage from 1 to 100", *options.cores));
+    throw UsageError(fmt::format("--cores {} must be a percentage from 1 to 100", *options.cores));
   }
   if (options.device && (*options.device < 0 || *options.device >= kMaxDevices)) {
-    throw std::runtime_error(
+    throw UsageError(
         fmt::format("--device {} is out of range (0 to {})", *options.device, kMaxDevices - 1));
   }
-  const std::string group = options.group.empty() ? fmt::format("run-{}", getpid()) : options.group;
-  if (!valid_group_name(group)) {
-    throw std::runtime_error(fmt::format(
-        "--group '{}' must be 1 to 63 letters, digits, '-', '_' or '.'", options.group));
+  if (!options.group.empty() && !valid_group_name(options.group)) {
+    throw UsageError(fmt::format("--group '{}' must be 1 to 63 letters, digits, '-', '_' or '.'",
+                                 options.group));
   }
-  if (options.command.empty()) throw std::runtime_error("no command given after --");
-  if (options.burst && !options.cores) throw std::runtime_error("--burst needs --cores");
+  if (options.command.empty()) throw UsageError("no command given after --");
+  if (options.burst && !options.cores) throw UsageError("--burst needs --cores");
   if (!options.priority.empty() && options.priority != "high" && options.priority != "low") {
-    throw std::runtime_error(fmt::format("--priority '{}' must be high or low", options.priority));
+    throw UsageError(fmt::format("--priority '{}' must be high or low", options.priority));
   }
+}
+
+}  // namespace
+
+int run_command(const RunOptions& options) {
+  std::uint64_t limit = kUnlimited;
+  check_arguments(options, limit);
+  const std::string group = options.group.empty() ? fmt::format("run-{}", getpid()) : options.group;
 
   const Installation installation = locate_installation();
   const bool simulated = use_simulated_gpu(installation);
   if (simulated) {
     fmt::print(stderr, "tessera: no NVIDIA driver found; using the simulated GPU\n");
     prepend_to_path_variable("LD_LIBRARY_PATH", installation.simulator_dir, ':');
+  }
+  if (options.device) {
+    const std::size_t gpus = list_gpus(installation, simulated).size();
+    if (static_cast<std::size_t>(*options.device) >= gpus) {
+      throw UsageError(fmt::format("--device {}: this machine has {} GPU{} (0 to {})",
+                                   *options.device, gpus, gpus == 1 ? "" : "s",
+                                   gpus == 0 ? 0 : gpus - 1));
+    }
   }
 
   // The group sees one GPU with --device (as its device 0), else every GPU, each limited.
@@ -89,8 +103,10 @@ int run_command(const RunOptions& options) {
   if (!ledger.create_or_open(path.c_str(), spec, error)) throw std::runtime_error(error.text);
 
   setenv("TESSERA_LEDGER", path.c_str(), 1);
-  setenv("TESSERA_MEMORY_LIMIT",
-         options.device ? fmt::format("0={}", limit).c_str() : std::to_string(limit).c_str(), 1);
+  if (limit != kUnlimited) {
+    setenv("TESSERA_MEMORY_LIMIT",
+           options.device ? fmt::format("0={}", limit).c_str() : std::to_string(limit).c_str(), 1);
+  }
   if (options.burst) setenv("TESSERA_CORE_BURST", "1", 1);
   if (!options.priority.empty()) setenv("TESSERA_PRIORITY", options.priority.c_str(), 1);
   if (cores != 0) {

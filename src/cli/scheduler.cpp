@@ -3,6 +3,8 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <charconv>
+#include <string_view>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -35,36 +37,41 @@ void stop_serving(int) {
 }  // namespace
 
 int scheduler_command(const SchedulerOptions& options) {
+  sched::Policy policy;
+  try {
+    policy = sched::parse_policy(options.policy);
+  } catch (const std::invalid_argument& error) {
+    throw UsageError(fmt::format("--policy: {}", error.what()));
+  }
+  const std::size_t colon = options.listen.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos) {
+    const std::string_view digits = std::string_view(options.listen).substr(colon + 1);
+    const auto [end, failure] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+    if (digits.empty() || failure != std::errc() || end != digits.data() + digits.size()) port = -1;
+  }
+  if (colon == std::string::npos || colon == 0 || port < 0 || port > 65535) {
+    throw UsageError(
+        fmt::format("--listen '{}' is not HOST:PORT with PORT from 0 to 65535", options.listen));
+  }
+  const std::string host = options.listen.substr(0, colon);
+
   sched::ApiClientOptions api;
   api.server = options.api_server;
   api.timeout_ms = options.timeout_ms;
   constexpr const char* kServiceAccount = "/var/run/secrets/kubernetes.io/serviceaccount";
   if (api.server.empty()) {  // inside a cluster: the service account
-    const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
-    const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
-    if (host == nullptr || port == nullptr) {
-      throw std::runtime_error("--api-server is required outside a cluster");
+    const char* service_host = std::getenv("KUBERNETES_SERVICE_HOST");
+    const char* service_port = std::getenv("KUBERNETES_SERVICE_PORT");
+    if (service_host == nullptr || service_port == nullptr) {
+      throw UsageError("--api-server is required outside a cluster");
     }
-    api.server = fmt::format("https://{}:{}", host, port);
+    api.server = fmt::format("https://{}:{}", service_host, service_port);
     api.ca_file = std::string(kServiceAccount) + "/ca.crt";
     api.token = read_file(std::string(kServiceAccount) + "/token");
   }
   if (!options.token_file.empty()) api.token = read_file(options.token_file);
   if (!options.ca_file.empty()) api.ca_file = options.ca_file;
-
-  sched::Policy policy;
-  try {
-    policy = sched::parse_policy(options.policy);
-  } catch (const std::invalid_argument& error) {
-    throw std::runtime_error(fmt::format("--policy: {}", error.what()));
-  }
-  const std::size_t colon = options.listen.rfind(':');
-  int port = -1;
-  if (colon != std::string::npos) port = std::atoi(options.listen.c_str() + colon + 1);
-  if (colon == std::string::npos || port < 0 || port > 65535) {
-    throw std::runtime_error(fmt::format("--listen '{}' is not HOST:PORT", options.listen));
-  }
-  const std::string host = options.listen.substr(0, colon);
 
   sched::Extender extender(policy, std::make_unique<sched::ApiClient>(api));
   std::string error;

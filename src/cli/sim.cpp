@@ -1,11 +1,13 @@
 // tessera sim: replay a cluster trace through the placement engine.
 #include <fmt/core.h>
 
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <stdexcept>
+#include <string_view>
 
 #include "cli/commands.h"
 #include "sched/experiment.h"
@@ -13,29 +15,36 @@
 namespace tessera::cli {
 namespace {
 
+// A whole decimal number that fits, nothing before or after it.
+bool parse_seed(std::string_view text, std::uint64_t& seed) {
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), seed);
+  return !text.empty() && error == std::errc() && end == text.data() + text.size();
+}
+
 std::vector<std::uint64_t> parse_seeds(const std::string& text) {
+  constexpr std::uint64_t kMostSeeds = 10000;
   std::vector<std::uint64_t> seeds;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  std::string_view rest(text);
+  for (bool more = true; more;) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    more = comma != std::string_view::npos;
+    rest = more ? rest.substr(comma + 1) : std::string_view();
     const std::size_t dash = item.find('-');
-    try {
-      if (dash != std::string::npos) {
-        const std::uint64_t first = std::stoull(item.substr(0, dash));
-        const std::uint64_t last = std::stoull(item.substr(dash + 1));
-        if (last < first || last - first > 10000) throw std::invalid_argument("range");
-        for (std::uint64_t seed = first; seed <= last; ++seed) seeds.push_back(seed);
-      } else {
-        seeds.push_back(std::stoull(item));
-      }
-    } catch (const std::exception&) {
-      throw std::runtime_error(
-          fmt::format("--seeds '{}': '{}' is not a seed or a range like 42-51", text, item));
+    std::uint64_t first = 0, last = 0;
+    const bool valid = dash == std::string_view::npos
+                           ? parse_seed(item, first) && (last = first, true)
+                           : parse_seed(item.substr(0, dash), first) &&
+                                 parse_seed(item.substr(dash + 1), last) && first <= last;
+    if (!valid || last - first >= kMostSeeds || seeds.size() + (last - first) >= kMostSeeds) {
+      throw UsageError(fmt::format(
+          "--seeds '{}': '{}' is not a seed or a rising range like 42-51 (at most {} seeds)", text,
+          item, kMostSeeds));
     }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+    for (std::uint64_t seed = first;; ++seed) {
+      seeds.push_back(seed);
+      if (seed == last) break;
+    }
   }
   return seeds;
 }
@@ -50,7 +59,7 @@ std::vector<sched::Policy> parse_policies(const std::string& text) {
       policies.push_back(sched::parse_policy(
           text.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
     } catch (const std::invalid_argument& error) {
-      throw std::runtime_error(fmt::format("--policies: {}", error.what()));
+      throw UsageError(fmt::format("--policies: {}", error.what()));
     }
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -61,21 +70,28 @@ std::vector<sched::Policy> parse_policies(const std::string& text) {
 }  // namespace
 
 int sim_command(const SimOptions& options) {
+  const std::vector<std::uint64_t> seeds = parse_seeds(options.seeds);
   const std::vector<sched::NodeSpec> nodes = sched::read_nodes(options.nodes);
   const std::vector<sched::PodSpec> pods = sched::read_pods(options.pods);
-  const std::vector<std::uint64_t> seeds = parse_seeds(options.seeds);
+  // Refused here, with the file named, rather than by a run on another thread.
+  if (const std::string why = sched::why_not_a_cluster(nodes); !why.empty()) {
+    throw std::runtime_error(fmt::format("{}: {}", options.nodes, why));
+  }
+  const std::string unfit = options.replay ? sched::why_not_replayable(pods)
+                                           : sched::why_not_inflatable(nodes, pods, options.load);
+  if (!unfit.empty()) throw std::runtime_error(fmt::format("{}: {}", options.pods, unfit));
   std::vector<sched::Job> jobs;
   for (sched::Policy policy : parse_policies(options.policies)) {
     for (std::uint64_t seed : seeds) jobs.push_back({policy, seed});
   }
   if (options.workload != "trace-then-sample" && options.workload != "sample") {
-    throw std::runtime_error(
+    throw UsageError(
         fmt::format("--workload '{}' must be trace-then-sample or sample", options.workload));
   }
   const sched::Workload workload =
       options.workload == "sample" ? sched::Workload::sample : sched::Workload::trace_then_sample;
   if (!(options.load > 0 && options.load <= 10)) {
-    throw std::runtime_error(fmt::format("--load {} must be above 0 and at most 10", options.load));
+    throw UsageError(fmt::format("--load {} must be above 0 and at most 10", options.load));
   }
   fmt::print(stderr, "tessera sim: {} nodes, {} pods in the trace, {} runs on {} threads\n",
              nodes.size(), pods.size(), jobs.size(), options.threads);
