@@ -97,7 +97,10 @@ Cluster::Cluster(const std::vector<NodeSpec>& specs) {
     if (spec.gpus > 0) {
       auto [it, added] = model_ids.emplace(spec.model, static_cast<int>(models_.size()));
       if (added) {
-        if (models_.size() == 64) throw std::runtime_error("more than 64 GPU models");
+        if (models_.size() == kMostModels) {
+          throw std::invalid_argument(
+              fmt::format("more than {} GPU models in one cluster", kMostModels));
+        }
         models_.push_back(spec.model);
       }
       node.model = it->second;
@@ -118,7 +121,7 @@ Request Cluster::request_for(const PodSpec& pod) const {
   for (const std::string& model : pod.models) {
     const auto found = std::find(models_.begin(), models_.end(), model);
     // A model no node has still restricts the pod (to nothing, if it is the only one).
-    request.models |= found == models_.end() ? (std::uint64_t{1} << 63)
+    request.models |= found == models_.end() ? (std::uint64_t{1} << kMostModels)
                                              : std::uint64_t{1} << (found - models_.begin());
   }
   return request;

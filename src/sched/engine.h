@@ -66,6 +66,11 @@ struct TaskClass {
 
 class Cluster {
  public:
+  // GPU models a cluster may have: one bit each in Request::models, and one bit for
+  // models no node has.
+  static constexpr int kMostModels = 63;
+
+  // Throws std::invalid_argument if the nodes have more than kMostModels GPU models.
   explicit Cluster(const std::vector<NodeSpec>& nodes);
 
   Request request_for(const PodSpec& pod) const;

@@ -8,6 +8,8 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
+#include <stdexcept>
 #include <thread>
 
 namespace tessera::sched {
@@ -26,7 +28,61 @@ std::vector<NodeSpec> in_run_order(std::vector<NodeSpec> nodes, std::mt19937_64&
   return nodes;
 }
 
+// Arrivals a run may simulate: a trace that needs more to reach its load is refused.
+constexpr double kMostArrivals = 50'000'000;
+
+std::int64_t gpu_capacity_milli(const std::vector<NodeSpec>& nodes) {
+  std::int64_t capacity = 0;
+  for (const NodeSpec& node : nodes) capacity += std::int64_t{node.gpus} * kMilli;
+  return capacity;
+}
+
+void require(const std::string& why) {
+  if (!why.empty()) throw std::invalid_argument(why);
+}
+
 }  // namespace
+
+std::string why_not_a_cluster(const std::vector<NodeSpec>& nodes) {
+  if (gpu_capacity_milli(nodes) == 0) return "no node in the list has a GPU";
+  std::set<std::string> models;
+  for (const NodeSpec& node : nodes) {
+    if (node.gpus > 0) models.insert(node.model);
+  }
+  if (models.size() > static_cast<std::size_t>(Cluster::kMostModels)) {
+    return fmt::format("the nodes have {} GPU models; the engine holds at most {}", models.size(),
+                       Cluster::kMostModels);
+  }
+  return {};
+}
+
+std::string why_not_inflatable(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
+                               double max_load) {
+  double requested = 0;
+  for (const PodSpec& pod : trace) requested += static_cast<double>(pod.gpu_milli_total());
+  if (trace.empty() || requested == 0) {
+    return "no pod in the trace asks for a GPU, so no GPU load can arrive";
+  }
+  const double per_pod = requested / static_cast<double>(trace.size());
+  const double arrivals = max_load * static_cast<double>(gpu_capacity_milli(nodes)) / per_pod;
+  if (arrivals > kMostArrivals) {
+    return fmt::format(
+        "its pods ask for {:.3g} milli-GPU each on average: reaching {:.0f} % of the cluster's "
+        "GPUs would take about {:.3g} arrivals, and at most {:.0f} are simulated",
+        per_pod, 100 * max_load, arrivals, kMostArrivals);
+  }
+  return {};
+}
+
+std::string why_not_replayable(const std::vector<PodSpec>& trace) {
+  for (const PodSpec& pod : trace) {
+    if (pod.creation_time < 0) {
+      return fmt::format("pod {} has no creation time: this trace cannot be replayed in time",
+                         pod.name);
+    }
+  }
+  return {};
+}
 
 double RunResult::allocated_at(double load) const {
   for (const CurvePoint& point : curve) {
@@ -37,6 +93,8 @@ double RunResult::allocated_at(double load) const {
 
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
                         Policy policy, std::uint64_t seed, double max_load, Workload workload) {
+  require(why_not_a_cluster(nodes));
+  require(why_not_inflatable(nodes, trace, max_load));
   const auto start = std::chrono::steady_clock::now();
   std::mt19937_64 random(seed);
   Cluster cluster(in_run_order(nodes, random));
@@ -77,6 +135,8 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
 
 RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
                      Policy policy, std::uint64_t seed) {
+  require(why_not_a_cluster(nodes));
+  require(why_not_replayable(trace));
   const auto start = std::chrono::steady_clock::now();
   std::mt19937_64 random(seed);
   Cluster cluster(in_run_order(nodes, random));
@@ -88,12 +148,6 @@ RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSp
   };
   std::vector<Event> events;
   for (std::size_t i = 0; i < trace.size(); ++i) {
-    if (trace[i].creation_time < 0) {
-      throw std::runtime_error(
-          fmt::format("pod {} has no creation time: this trace cannot be "
-                      "replayed in time",
-                      trace[i].name));
-    }
     events.push_back({trace[i].creation_time, true, i});
     if (trace[i].deletion_time >= 0) events.push_back({trace[i].deletion_time, false, i});
   }
@@ -137,17 +191,25 @@ std::vector<RunResult> run_all(const std::vector<Job>& jobs, int threads,
   std::atomic<std::size_t> next{0};
   std::mutex report;
   int done = 0;
+  std::exception_ptr failure;  // the first job's exception: none may escape a thread
   std::vector<std::thread> workers;
   for (int t = 0; t < std::max(1, threads); ++t) {
     workers.emplace_back([&] {
       for (std::size_t i; (i = next.fetch_add(1)) < jobs.size();) {
-        results[i] = run(jobs[i]);
-        std::lock_guard<std::mutex> locked(report);
-        progress(results[i], ++done);
+        try {
+          results[i] = run(jobs[i]);
+          std::lock_guard<std::mutex> locked(report);
+          progress(results[i], ++done);
+        } catch (...) {
+          std::lock_guard<std::mutex> locked(report);
+          if (!failure) failure = std::current_exception();
+          next = jobs.size();  // start nothing more
+        }
       }
     });
   }
   for (auto& worker : workers) worker.join();
+  if (failure) std::rethrow_exception(failure);
   return results;
 }
 

@@ -38,6 +38,18 @@ struct RunResult {
   double allocated_at(double load) const;
 };
 
+// Why `nodes` cannot be the cluster of an experiment (empty if it can): it has no GPU, or
+// more GPU models than the engine holds.
+std::string why_not_a_cluster(const std::vector<NodeSpec>& nodes);
+// Why `trace` cannot be sampled up to `max_load` of the cluster's GPUs in bounded time (no
+// pod asks for a GPU, or so little that it would take more arrivals than are simulated).
+std::string why_not_inflatable(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
+                               double max_load);
+// Why `trace` cannot be replayed in time (a pod without a creation time).
+std::string why_not_replayable(const std::vector<PodSpec>& trace);
+
+// Both run functions throw std::invalid_argument with the reason above for inputs they
+// cannot run.
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
                         Policy policy, std::uint64_t seed, double max_load,
                         Workload workload = Workload::trace_then_sample);
@@ -51,7 +63,8 @@ struct Job {
   Policy policy;
   std::uint64_t seed;
 };
-// Runs jobs on `threads` threads; `progress` is called (serialised) as each finishes.
+// Runs jobs on `threads` threads; `progress` is called (serialised) as each finishes. If a
+// job throws, the rest are not started and the first exception is rethrown here.
 std::vector<RunResult> run_all(const std::vector<Job>& jobs, int threads,
                                const std::function<RunResult(const Job&)>& run,
                                const std::function<void(const RunResult&, int done)>& progress);
