@@ -148,11 +148,19 @@ TEST(Cli, TopShowsTheShareAGroupAchievesWhileItRuns) {
     rows = nlohmann::json::parse(
         run({tessera(), "top", "--json", "--interval", "0.5"}, environment).out);
   }
+  const std::uint64_t from = monotonic_ns();
   rows =
       nlohmann::json::parse(run({tessera(), "top", "--json", "--interval", "1"}, environment).out);
+  const std::uint64_t to = monotonic_ns();
+  const Finished done = busy.finish();
+  EXPECT_EQ(done.exit_code, 0);
   ASSERT_EQ(rows.size(), 1u) << rows.dump();
-  EXPECT_NEAR(rows[0]["achieved_percent"].get<double>(), 40, 4);
-  EXPECT_EQ(busy.wait(), 0);
+  // The cap holds whatever the host does; the share reached is judged against the time the
+  // host let the group run while top measured (tests/host_record.h).
+  const double achieved = rows[0]["achieved_percent"].get<double>();
+  const double allowed = done.host().allowed(from, to);
+  EXPECT_LE(achieved, 44);
+  EXPECT_GE(achieved, 40 * allowed - 4) << "the host let the group run " << 100 * allowed << " %";
 }
 
 TEST(Cli, TopReportsAnUnreadableLedgerAndCarriesOn) {

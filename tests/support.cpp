@@ -95,6 +95,18 @@ std::uint64_t Finished::number(const std::string& key) const {
   return std::strtoull(value(key).c_str(), nullptr, 10);
 }
 
+std::vector<std::uint64_t> Finished::numbers(const std::string& key) const {
+  std::vector<std::uint64_t> list;
+  const std::string text = value(key);
+  for (std::size_t start = 0; start < text.size();) {
+    std::size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) list.push_back(std::strtoull(text.c_str() + start, nullptr, 10));
+    start = end + 1;
+  }
+  return list;
+}
+
 Finished run(const std::vector<std::string>& argv, const Environment& extra) {
   int in = -1, out = -1, err = -1;
   const pid_t pid = spawn(argv, extra, &in, &out, &err);
@@ -171,6 +183,13 @@ int Running::wait() {
   waitpid(pid_, &status, 0);
   waited_ = true;
   return decode(status);
+}
+
+Finished Running::finish() {
+  Finished done;
+  for (std::string line; !(line = read_line()).empty();) done.out += line + "\n";
+  done.exit_code = wait();
+  return done;
 }
 
 ScratchDirectory::ScratchDirectory() {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "host_record.h"
+
 namespace tessera::test {
 
 using Environment = std::map<std::string, std::string>;
@@ -20,6 +22,10 @@ struct Finished {
   // The value of a "key=value" line of out; fails the test if absent.
   std::string value(const std::string& key) const;
   std::uint64_t number(const std::string& key) const;
+  // The comma-separated numbers of a "key=1,2,3," line.
+  std::vector<std::uint64_t> numbers(const std::string& key) const;
+  // What the host withheld from the worker that printed this (its host= line).
+  HostRecord host() const { return HostRecord(value("host")); }
 };
 
 // Runs argv to completion with the current environment plus `extra`.
@@ -37,6 +43,7 @@ class Running {
   void close_stdin();
   void kill_hard();  // SIGKILL
   int wait();        // exit code, 128 + signal if killed
+  Finished finish();  // reads the rest of stdout, then waits (stderr is not captured)
   pid_t pid() const { return pid_; }
 
  private:

@@ -33,7 +33,7 @@ hook="$work/libtessera-cuda.so"
 
 echo "== Building the CUDA programs"
 driver_lib=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
-g++ -std=c++20 -O2 -I"$repo/src" "$repo/tests/workers/cuda_worker.cpp" -o "$work/cuda_worker" \
+g++ -std=c++20 -O2 -I"$repo/src" -I"$repo/tests" "$repo/tests/workers/cuda_worker.cpp" -o "$work/cuda_worker" \
   "$driver_lib" "$(ldconfig -p | awk '/libnvidia-ml.so.1 /{print $NF; exit}')" -lpthread -ldl
 g++ -std=c++20 -O2 -I"$repo/src" "$repo/examples/workloads/vmm_allocator.cpp" -o "$work/vmm_allocator" \
   "$driver_lib" -lpthread

@@ -2,6 +2,8 @@
 // results printed as key=value lines. It links libcuda.so.1 by name, like any CUDA program,
 // so the same binary runs on the simulated GPU and on a real one.
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include "common/clock.h"
 #include "cuda_abi/cuda_abi.h"
 #include "cuda_abi/nvml_abi.h"
+#include "host_record.h"
 
 using namespace tessera::abi;
 using tessera::monotonic_ns;
@@ -428,6 +431,7 @@ int saturate(const std::string& mode, const char* name, double seconds) {
   CUfunction function = kernel.function;
   CUstream stream = kernel.stream;
   CUgraphExec graph = mode == "graph" ? capture(kernel, 4, 1) : nullptr;
+  tessera::test::HostRecorder host;  // what the host withholds from this launching thread
   const std::uint64_t begin = monotonic_ns();
   const auto until = begin + static_cast<std::uint64_t>(seconds * 1e9);
   long launches = 0;
@@ -458,28 +462,42 @@ int saturate(const std::string& mode, const char* name, double seconds) {
   std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\nlaunches=%ld\n", getpid(),
               static_cast<unsigned long long>(begin),
               static_cast<unsigned long long>(monotonic_ns()), launches);
+  host.print();
   return 0;
 }
 
 // An interactive workload: COUNT times, launches one kernel named NAME and waits for it,
-// then idles IDLE_US. Prints its window and when it made each launch call, to be matched
-// with the device's record of when each kernel finished.
+// then idles IDLE_US. Prints its window, when it made each launch call (to be matched with
+// the device's record of when each kernel finished) and the run-queue delay the host added to
+// each launch call.
 int latency(const char* name, int count, std::uint64_t idle_us) {
   const LoadedKernel kernel = load_kernel(name);
-  std::vector<std::uint64_t> launched;
+  const std::string own = "/proc/self/task/" + std::to_string(syscall(SYS_gettid)) + "/schedstat";
+  const int schedstat = open(own.c_str(), O_RDONLY | O_CLOEXEC);
+  const int machine_stat = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+  tessera::test::HostRecorder host;
+  std::vector<std::uint64_t> launched, call_delay;
   const std::uint64_t begin = monotonic_ns();
   for (int i = 0; i < count; ++i) {
+    const std::uint64_t delay_before = tessera::test::sample_host(schedstat, machine_stat).delay_ns;
     launched.push_back(monotonic_ns());
     check(cuLaunchKernel(kernel.function, 1, 1, 1, 128, 1, 1, 0, kernel.stream, nullptr, nullptr),
           "cuLaunchKernel");
+    call_delay.push_back(tessera::test::sample_host(schedstat, machine_stat).delay_ns -
+                         delay_before);
     check(cuStreamSynchronize(kernel.stream), "cuStreamSynchronize");
     tessera::sleep_until_ns(monotonic_ns() + idle_us * 1000);
   }
-  std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\nlaunched_ns=", getpid(),
+  std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\n", getpid(),
               static_cast<unsigned long long>(begin),
               static_cast<unsigned long long>(monotonic_ns()));
-  for (std::uint64_t time : launched) std::printf("%llu,", static_cast<unsigned long long>(time));
-  std::printf("\n");
+  for (const auto& [key, values] : {std::pair{"launched_ns", &launched},
+                                    std::pair{"call_delay_ns", &call_delay}}) {
+    std::printf("%s=", key);
+    for (std::uint64_t value : *values) std::printf("%llu,", static_cast<unsigned long long>(value));
+    std::printf("\n");
+  }
+  host.print();
   return 0;
 }
 
