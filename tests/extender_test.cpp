@@ -1,8 +1,12 @@
 // tessera scheduler as kube-scheduler meets it: real HTTP, request bodies in the shape
 // kube-scheduler sends, and a fake API server on loopback answering with recorded responses.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -33,37 +37,83 @@ class FakeApiServer {
  public:
   FakeApiServer() {
     for (const std::string resource : {"nodes", "pods"}) {
-      server_.Get("/api/v1/" + resource,
-                  [this, resource](const httplib::Request& request, httplib::Response& response) {
-                    if (!request.has_param("watch")) {
-                      ++lists[resource];
-                      response.set_content(fixture(resource + ".json"), "application/json");
-                      return;
-                    }
-                    response.set_chunked_content_provider(
-                        "application/json", [this, resource](std::size_t, httplib::DataSink& sink) {
-                          std::unique_lock<std::mutex> locked(mutex_);
-                          // Wakes for an event or, now and then, to notice the server stopping.
-                          events_changed_.wait_for(locked, std::chrono::milliseconds(100),
-                                                   [&] { return !events_[resource].empty(); });
-                          while (!events_[resource].empty()) {
-                            const std::string line = events_[resource].front() + "\n";
-                            events_[resource].pop_front();
-                            if (!sink.write(line.data(), line.size())) return false;
-                          }
-                          return !stopping_.load();
-                        });
-                  });
+      server_.Get("/api/v1/" + resource, [this, resource](const httplib::Request& request,
+                                                          httplib::Response& response) {
+        if (!request.has_param("watch")) {
+          ++lists[resource];
+          nlohmann::json listed = nlohmann::json::parse(fixture(resource + ".json"));
+          std::lock_guard<std::mutex> locked(mutex_);
+          for (const std::string& item : extra_items_[resource]) {
+            listed["items"].push_back(nlohmann::json::parse(item));
+          }
+          response.set_content(listed.dump(), "application/json");
+          return;
+        }
+        if (expire_every_watch) {  // as an API server whose history is always too short
+          response.set_content(R"({"type":"ERROR","object":{"kind":"Status","code":410}})"
+                               "\n",
+                               "application/json");
+          return;
+        }
+        response.set_chunked_content_provider(
+            "application/json", [this, resource](std::size_t, httplib::DataSink& sink) {
+              std::unique_lock<std::mutex> locked(mutex_);
+              // Wakes for an event or, now and then, to notice the server stopping.
+              events_changed_.wait_for(locked, std::chrono::milliseconds(100),
+                                       [&] { return !events_[resource].empty(); });
+              while (!events_[resource].empty()) {
+                const std::string line = events_[resource].front() + "\n";
+                events_[resource].pop_front();
+                if (!sink.write(line.data(), line.size())) return false;
+              }
+              return !stopping_.load();
+            });
+      });
     }
+    server_.Get(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
+                [this](const httplib::Request& request, httplib::Response& response) {
+                  std::lock_guard<std::mutex> locked(mutex_);
+                  const auto found = pods_.find(request.matches[2].str());
+                  if (found == pods_.end()) {
+                    response.status = 404;
+                    response.set_content(R"({"kind":"Status","code":404})", "application/json");
+                    return;
+                  }
+                  response.set_content(found->second, "application/json");
+                });
     server_.Patch(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
                   [this](const httplib::Request& request, httplib::Response& response) {
                     remember("PATCH " + request.path, request.body);
+                    // A merge patch naming a version that is not the pod's is a conflict.
+                    const auto patch = nlohmann::json::parse(request.body);
+                    const auto version = patch["metadata"].value("resourceVersion", std::string());
+                    std::string current;
+                    {
+                      std::lock_guard<std::mutex> locked(mutex_);
+                      if (const auto found = pods_.find(request.matches[2].str());
+                          found != pods_.end()) {
+                        current = nlohmann::json::parse(found->second)["metadata"].value(
+                            "resourceVersion", std::string());
+                      }
+                    }
+                    if (!version.empty() && version != current) {
+                      response.status = 409;
+                      response.set_content(R"({"kind":"Status","code":409,"reason":"Conflict"})",
+                                           "application/json");
+                      return;
+                    }
                     response.set_content(R"({"kind":"Pod","apiVersion":"v1"})", "application/json");
                   });
     server_.Post(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding)",
                  [this](const httplib::Request& request, httplib::Response& response) {
                    remember("POST " + request.path, request.body);
                    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
+                   if (binding_conflict) {
+                     response.status = 409;
+                     response.set_content(R"({"kind":"Status","code":409,"reason":"Conflict"})",
+                                          "application/json");
+                     return;
+                   }
                    if (failures.load() > 0) {
                      --failures;
                      response.status = 503;
@@ -84,9 +134,23 @@ class FakeApiServer {
   }
   // Sends `event` (one watch event as JSON) to whoever watches `resource`.
   void push(const std::string& resource, const nlohmann::json& event) {
+    push_raw(resource, event.dump());
+  }
+  void push_raw(const std::string& resource, const std::string& line) {
     std::lock_guard<std::mutex> locked(mutex_);
-    events_[resource].push_back(event.dump());
+    events_[resource].push_back(line);
     events_changed_.notify_all();
+  }
+  // A pod the API server holds (GET answers it); `listed`: lists show it too.
+  void add_pod(const nlohmann::json& pod, bool listed = false) {
+    std::lock_guard<std::mutex> locked(mutex_);
+    pods_[pod["metadata"]["name"].get<std::string>()] = pod.dump();
+    if (listed) extra_items_["pods"].push_back(pod.dump());
+  }
+  // A raw item for lists of `resource`, readable or not.
+  void add_listed(const std::string& resource, const nlohmann::json& item) {
+    std::lock_guard<std::mutex> locked(mutex_);
+    extra_items_[resource].push_back(item.dump());
   }
   std::map<std::string, std::atomic<int>> lists;  // how often each was listed
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
@@ -96,6 +160,8 @@ class FakeApiServer {
   }
   std::atomic<int> failures{0};
   std::atomic<int> delay_ms{0};
+  std::atomic<bool> binding_conflict{false};
+  std::atomic<bool> expire_every_watch{false};
 
  private:
   void remember(const std::string& what, const std::string& body) {
@@ -110,24 +176,37 @@ class FakeApiServer {
   std::map<std::string, std::deque<std::string>> events_;
   std::atomic<bool> stopping_{false};
   std::vector<std::pair<std::string, std::string>> calls_;
+  std::map<std::string, std::string> pods_;                      // by name
+  std::map<std::string, std::vector<std::string>> extra_items_;  // by resource
 };
 
 class Extender : public ::testing::Test {
  protected:
-  void SetUp() override {
-    scheduler_ = std::make_unique<Running>(
-        std::vector<std::string>{tessera(), "scheduler", "--listen", "127.0.0.1:0", "--api-server",
-                                 api_.url(), "--timeout-ms", "300", "--policy", "best-fit"},
-        Environment{});
+  void SetUp() override { start(); }
+  void TearDown() override { stop(); }
+  // `wrapper` runs before the scheduler's own arguments (e.g. a shell that closes stderr).
+  void start(const std::vector<std::string>& wrapper = {}) {
+    std::vector<std::string> argv = wrapper;
+    for (const std::string& argument :
+         {tessera(), std::string("scheduler"), std::string("--listen"), std::string("127.0.0.1:0"),
+          std::string("--api-server"), api_.url(), std::string("--timeout-ms"), std::string("300"),
+          std::string("--policy"), std::string("best-fit")}) {
+      argv.push_back(argument);
+    }
+    scheduler_ = std::make_unique<Running>(argv, Environment{});
     const std::string line = scheduler_->read_line();
     const auto colon = line.rfind(':');
     ASSERT_NE(colon, std::string::npos) << line;
     port_ = std::stoi(line.substr(colon + 1));
     client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
   }
-  void TearDown() override {
+  void stop() {
     kill(scheduler_->pid(), SIGTERM);
-    EXPECT_EQ(scheduler_->wait(), 0);
+    EXPECT_EQ(scheduler_->wait(), 0) << "the scheduler did not end cleanly (crashed?)";
+  }
+  void restart() {
+    stop();
+    start();
   }
 
   nlohmann::json post(const std::string& verb, const nlohmann::json& body,
@@ -139,13 +218,26 @@ class Extender : public ::testing::Test {
     return nlohmann::json::parse(result->body);
   }
 
-  static nlohmann::json pod(const std::string& name, const nlohmann::json& limits) {
-    return {{"metadata", {{"name", name}, {"namespace", "ml"}, {"uid", "uid-" + name}}},
-            {"spec",
-             {{"containers",
-               {{{"name", "c"},
-                 {"resources",
-                  {{"requests", {{"cpu", "2"}, {"memory", "8Gi"}}}, {"limits", limits}}}}}}}}};
+  // A pending pod, which the API server holds from now on.
+  nlohmann::json pod(const std::string& name, const nlohmann::json& limits) {
+    nlohmann::json object{
+        {"metadata",
+         {{"name", name}, {"namespace", "ml"}, {"uid", "uid-" + name}, {"resourceVersion", "7"}}},
+        {"spec",
+         {{"containers",
+           {{{"name", "c"},
+             {"resources",
+              {{"requests", {{"cpu", "2"}, {"memory", "8Gi"}}}, {"limits", limits}}}}}}}},
+        {"status", {{"phase", "Pending"}}}};
+    api_.add_pod(object);
+    return object;
+  }
+  // Whether a pod of `gpus` whole GPUs passes filter on `node`.
+  bool whole_gpus_fit(int gpus, const std::string& node) {
+    const auto result = post(
+        "filter",
+        {{"Pod", pod("probe", {{"nvidia.com/gpu", std::to_string(gpus)}})}, {"NodeNames", {node}}});
+    return result["NodeNames"] == nlohmann::json::array({node});
   }
   static nlohmann::json nodes(const std::vector<std::string>& names) {
     nlohmann::json items = nlohmann::json::array();
@@ -362,6 +454,275 @@ TEST_F(Extender, MalformedBodiesAreRefusedWithHttp400AndAReason) {
     EXPECT_EQ(result->status, 400) << c.body;
     EXPECT_NE(result->body.find(c.expected), std::string::npos) << c.body << " -> " << result->body;
   }
+}
+
+// --- hostile and broken input -----------------------------------------------------------------
+
+// A pod bound to `node` whose assignment annotation is `record` (any JSON value, written as
+// the annotation's text if it is a string, or as is otherwise).
+nlohmann::json bound_pod(const std::string& name, const std::string& node, int gpus,
+                         const nlohmann::json& record) {
+  nlohmann::json object{
+      {"metadata",
+       {{"name", name},
+        {"namespace", "ml"},
+        {"uid", "uid-" + name},
+        {"resourceVersion", "9"},
+        {"annotations", {{"tessera.io/assignment", record}}}}},
+      {"spec",
+       {{"nodeName", node},
+        {"containers",
+         {{{"name", "c"},
+           {"resources", {{"limits", {{"nvidia.com/gpu", std::to_string(gpus)}}}}}}}}}},
+      {"status", {{"phase", "Running"}}}};
+  return object;
+}
+
+TEST_F(Extender, AnAssignmentNamingMoreGpusThanANodeHoldsIsReportedAndTheGpusStillHeld) {
+  nlohmann::json many = nlohmann::json::array();
+  for (int i = 0; i < 40; ++i) many.push_back(i % 2);
+  const nlohmann::json record{{"node", "gpu-c"}, {"gpus", many}, {"milli", 1000}};
+  const nlohmann::json greedy = bound_pod("greedy", "gpu-c", 2, record.dump());
+  // Watched, then listed again after a restart: neither may crash it, and the pod's two GPUs
+  // stay held (the record is unusable, so the engine picks two for it).
+  ASSERT_TRUE(whole_gpus_fit(2, "gpu-c"));
+  api_.push("pods", {{"type", "ADDED"}, {"object", greedy}});
+  EXPECT_TRUE(eventually([&] { return !whole_gpus_fit(1, "gpu-c"); }));
+  api_.add_listed("pods", greedy);
+  restart();
+  EXPECT_FALSE(whole_gpus_fit(1, "gpu-c"));
+  EXPECT_TRUE(whole_gpus_fit(2, "gpu-b"));  // and the rest of the state is intact
+}
+
+TEST_F(Extender, OneUnreadablePodInAListDoesNotHideTheOthers) {
+  // serve-0 (the fixture) holds half of gpu-a's GPU 0. Next to it in the list: pods whose
+  // records cannot be read, and a pod that is not a pod.
+  api_.add_listed("pods", bound_pod("garbled", "gpu-c", 1, "{not json"));
+  api_.add_listed("pods", bound_pod("typed", "gpu-c", 1, 42));
+  api_.add_listed("pods", nlohmann::json::array({1, 2, 3}));
+  restart();
+  EXPECT_FALSE(whole_gpus_fit(2, "gpu-a")) << "serve-0's GPU looks free: the list was lost";
+  EXPECT_TRUE(whole_gpus_fit(1, "gpu-a"));
+  // Both garbled pods run on gpu-c: each still holds a GPU there.
+  EXPECT_FALSE(whole_gpus_fit(1, "gpu-c"));
+}
+
+TEST_F(Extender, DeeplyNestedJsonIsRefusedAndTheSchedulerCarriesOn) {
+  for (const char* verb : {"filter", "prioritize", "bind"}) {
+    const std::string body = std::string(200000, '[') + std::string(200000, ']');
+    auto result = client_->Post(std::string("/") + verb, body, "application/json");
+    ASSERT_TRUE(result) << verb << ": no answer (crashed?)";
+    EXPECT_EQ(result->status, 400);
+    EXPECT_NE(result->body.find("nested deeper"), std::string::npos) << result->body;
+  }
+  api_.push_raw("pods", std::string(100000, '[') + std::string(100000, ']'));
+  EXPECT_TRUE(whole_gpus_fit(2, "gpu-c"));
+}
+
+TEST_F(Extender, WatchEventsOfTheWrongShapeAreReportedAndTheWatchGoesOn) {
+  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 2; }));
+  for (const nlohmann::json& event :
+       {nlohmann::json{{"type", 5}}, nlohmann::json::array({1, 2}), nlohmann::json("text"),
+        nlohmann::json{{"type", "ERROR"}, {"object", {{"code", "410"}}}},
+        nlohmann::json{{"type", "ADDED"}, {"object", {{"metadata", {{"uid", 7}}}}}},
+        nlohmann::json{{"type", "ADDED"}, {"object", 3}},
+        nlohmann::json{{"type", "MODIFIED"},
+                       {"object", {{"metadata", {{"uid", "u"}, {"resourceVersion", 12}}}}}}}) {
+    api_.push("pods", event);
+  }
+  nlohmann::json trainer =
+      bound_pod("trainer", "gpu-c", 2, R"({"node": "gpu-c", "gpus": [0, 1], "milli": 1000})");
+  api_.add_listed("pods", trainer);  // where a relist finds it
+  api_.push("pods", {{"type", "ADDED"}, {"object", trainer}});
+  EXPECT_TRUE(eventually([&] { return !whole_gpus_fit(1, "gpu-c"); }));
+}
+
+TEST_F(Extender, AnAssignmentOnAPodNotBoundHoldsNothing) {
+  // A record left by a bind that failed half-way: the pod waits, unbound, for another try.
+  nlohmann::json stranded =
+      bound_pod("stranded", "", 2, R"({"node": "gpu-c", "gpus": [0, 1], "milli": 1000})");
+  stranded["spec"].erase("nodeName");
+  stranded["status"]["phase"] = "Pending";
+  api_.add_listed("pods", stranded);
+  restart();
+  EXPECT_TRUE(whole_gpus_fit(2, "gpu-c"));
+}
+
+TEST_F(Extender, AFailedBindingTakesItsAssignmentBackAndGivesTheGpusBack) {
+  post("filter", {{"Pod", pod("doomed", {{"nvidia.com/gpu", "2"}})}, {"NodeNames", {"gpu-c"}}});
+  api_.failures = 3;  // every attempt at the binding fails
+  const std::string error = bind("doomed", "gpu-c")["Error"];
+  EXPECT_NE(error.find("binding ml/doomed to gpu-c failed: HTTP 503"), std::string::npos) << error;
+  const auto calls = api_.calls();
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.back().first, "PATCH /api/v1/namespaces/ml/pods/doomed");
+  EXPECT_TRUE(
+      nlohmann::json::parse(calls.back().second)["metadata"]["annotations"]["tessera.io/assignment"]
+          .is_null())
+      << calls.back().second;
+  EXPECT_TRUE(whole_gpus_fit(2, "gpu-c"));
+}
+
+TEST_F(Extender, ABindForAPodBoundAlreadyLeavesItsAssignmentAlone) {
+  nlohmann::json running = pod("running", {{"nvidia.com/gpu", "1"}});
+  running["spec"]["nodeName"] = "gpu-a";
+  api_.add_pod(running);
+  const std::string error = bind("running", "gpu-c")["Error"];
+  EXPECT_NE(error.find("bound to gpu-a already"), std::string::npos) << error;
+  for (const auto& call : api_.calls()) EXPECT_EQ(call.first.find("PATCH"), std::string::npos);
+
+  // Bound by someone else between the read and the binding: 409, and the record is taken back.
+  pod("raced", {{"nvidia.com/gpu", "1"}});
+  api_.binding_conflict = true;
+  const std::string raced = bind("raced", "gpu-c")["Error"];
+  EXPECT_NE(raced.find("HTTP 409"), std::string::npos) << raced;
+  const auto calls = api_.calls();
+  ASSERT_FALSE(calls.empty());
+  EXPECT_TRUE(
+      nlohmann::json::parse(calls.back().second)["metadata"]["annotations"]["tessera.io/assignment"]
+          .is_null());
+  api_.binding_conflict = false;
+  EXPECT_TRUE(whole_gpus_fit(2, "gpu-c"));
+}
+
+TEST_F(Extender, APodChangedSinceItWasReadIsNotRecorded) {
+  // The API server refuses a patch naming a version the pod no longer has.
+  nlohmann::json changing = pod("changing", {{"nvidia.com/gpu", "1"}});
+  api_.add_pod(changing);
+  std::thread change([&] {
+    changing["metadata"]["resourceVersion"] = "8";
+    api_.add_pod(changing);
+  });
+  change.join();
+  const auto calls_before = api_.calls().size();
+  // Read at version 8 now: the patch carries 8, which matches.
+  EXPECT_EQ(bind("changing", "gpu-c")["Error"], "");
+  const auto calls = api_.calls();
+  ASSERT_GT(calls.size(), calls_before);
+  EXPECT_EQ(nlohmann::json::parse(calls[calls_before].second)["metadata"]["resourceVersion"], "8");
+}
+
+TEST_F(Extender, IdleClientsAndBindsStuckOnTheApiServerDoNotHoldUpFilter) {
+  // Twenty clients connect and send half a request; each holds a server thread until its
+  // read times out and the server closes it.
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<std::uint16_t>(port_));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    const std::string half = "POST /filter HTTP/1.1\r\nHost: x\r\n";
+    ASSERT_EQ(send(fd, half.data(), half.size(), 0), static_cast<ssize_t>(half.size()));
+    idle.push_back(fd);
+  }
+  // Twenty binds wait on a binding call that outlasts its timeout on every attempt.
+  for (int i = 0; i < 20; ++i) pod("stuck" + std::to_string(i), {{"nvidia.com/gpu", "1"}});
+  api_.delay_ms = 700;
+  std::mutex mutex;
+  std::vector<std::chrono::steady_clock::time_point> bind_ends;
+  std::vector<std::thread> binds;
+  for (int i = 0; i < 20; ++i) {
+    binds.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", port_);
+      client.set_read_timeout(30, 0);
+      const nlohmann::json body{{"PodName", "stuck" + std::to_string(i)},
+                                {"PodNamespace", "ml"},
+                                {"PodUID", "uid-stuck" + std::to_string(i)},
+                                {"Node", "gpu-b"}};
+      client.Post("/bind", body.dump(), "application/json");
+      std::lock_guard<std::mutex> locked(mutex);
+      bind_ends.push_back(std::chrono::steady_clock::now());
+    });
+  }
+  // Filter is answered while all of that waits: before any stuck bind ends, and before the
+  // server has let go of any idle client.
+  const auto result =
+      post("filter", {{"Pod", pod("quick", {{"nvidia.com/gpu", "1"}})}, {"NodeNames", {"gpu-c"}}});
+  const auto answered = std::chrono::steady_clock::now();
+  EXPECT_EQ(result["NodeNames"], nlohmann::json::array({"gpu-c"}));
+  int closed_by_server = 0;
+  for (int fd : idle) {
+    char byte;
+    closed_by_server += recv(fd, &byte, 1, MSG_DONTWAIT) == 0;
+  }
+  EXPECT_EQ(closed_by_server, 0) << "filter waited until idle clients timed out";
+  for (auto& thread : binds) thread.join();
+  for (int fd : idle) close(fd);
+  std::lock_guard<std::mutex> locked(mutex);
+  int ended_before = 0;
+  for (const auto& end : bind_ends) ended_before += end < answered;
+  // Binds over the limit are refused at once (they may end first); none that waited may.
+  EXPECT_LE(ended_before, 20 - 16) << "filter waited for binds stuck on the API server";
+  api_.delay_ms = 0;
+}
+
+TEST_F(Extender, BodiesThatAreNotUtf8OrTooLargeGetAReason) {
+  auto bad_utf8 = client_->Post(
+      "/filter", "{\"Pod\": {\"metadata\": {\"name\": \"\xff\xfe\"}}, \"NodeNames\": []}",
+      "application/json");
+  ASSERT_TRUE(bad_utf8);
+  EXPECT_EQ(bad_utf8->status, 400);
+  EXPECT_TRUE(nlohmann::json::accept(bad_utf8->body)) << bad_utf8->body;
+  auto huge =
+      client_->Post("/filter", std::string((std::size_t{65} << 20), ' '), "application/json");
+  ASSERT_TRUE(huge);
+  EXPECT_EQ(huge->status, 413);
+}
+
+TEST_F(Extender, QuantitiesOutOfRangeAreRefusedNotWrapped) {
+  struct Case {
+    nlohmann::json limits, requests;
+    const char* expected;
+  } cases[] = {
+      {{{"nvidia.com/gpu", "4294967296"}}, {}, "limits.nvidia.com/gpu=\"4294967296\" is not a"},
+      {{{"nvidia.com/gpu", "1.5"}}, {}, "limits.nvidia.com/gpu=\"1.5\" is not a"},
+      {{{"nvidia.com/gpu", "-1"}}, {}, "limits.nvidia.com/gpu=\"-1\" is not a"},
+      {{{"nvidia.com/gpu", 1e300}}, {}, "limits.nvidia.com/gpu=1e+300 is not a"},
+      {{}, {{"cpu", "1e300"}}, "requests.cpu=\"1e300\" is not a"},
+      {{}, {{"memory", "99999999999999999999Ei"}}, "requests.memory="},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json object = pod("big", c.limits);
+    auto& resources = object["spec"]["containers"][0]["resources"];
+    resources["limits"] = c.limits.is_null() ? nlohmann::json::object() : c.limits;
+    resources["requests"] = c.requests.is_null() ? nlohmann::json::object() : c.requests;
+    auto result =
+        client_->Post("/filter", nlohmann::json{{"Pod", object}, {"NodeNames", {"gpu-a"}}}.dump(),
+                      "application/json");
+    ASSERT_TRUE(result);
+    EXPECT_EQ(result->status, 400) << object.dump();
+    const std::string error = nlohmann::json::parse(result->body).value("Error", "");
+    EXPECT_NE(error.find(c.expected), std::string::npos) << error;
+  }
+}
+
+TEST_F(Extender, AWatchThatExpiresEveryTimeIsRetriedEverMoreSlowly) {
+  api_.expire_every_watch = true;
+  restart();
+  const int before = api_.lists["pods"];
+  const auto from = std::chrono::steady_clock::now();
+  // Three seconds of 410s: the backoff (100 ms doubling) allows about five relists, where an
+  // unthrottled watcher makes hundreds.
+  while (std::chrono::steady_clock::now() - from < std::chrono::seconds(3)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const int relists = api_.lists["pods"] - before;
+  EXPECT_GE(relists, 1);
+  EXPECT_LE(relists, 8);
+  api_.expire_every_watch = false;
+}
+
+TEST_F(Extender, AClosedStderrDoesNotStopTheScheduler) {
+  stop();
+  start({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&-"});
+  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 2; }));
+  api_.push("pods", {{"type", "ADDED"}, {"object", {{"metadata", 42}}}});  // reported
+  api_.add_listed("pods", bound_pod("garbled", "gpu-c", 1, "{not json"));
+  const int before = api_.lists["pods"];
+  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] > before; }));
+  EXPECT_TRUE(whole_gpus_fit(1, "gpu-c"));
 }
 
 }  // namespace

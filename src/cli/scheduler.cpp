@@ -1,15 +1,21 @@
 // tessera scheduler: the kube-scheduler extender over HTTP.
 #include <fmt/core.h>
 #include <httplib.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <charconv>
-#include <string_view>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include "cli/commands.h"
@@ -28,11 +34,17 @@ std::string read_file(const std::string& path) {
   return content;
 }
 
-httplib::Server* running_server = nullptr;
-
-void stop_serving(int) {
-  if (running_server != nullptr) running_server->stop();
+// Never throws: a closed or full stderr must not take the scheduler down.
+void report(const std::string& failure) {
+  const std::string line = "tessera scheduler: " + failure + "\n";
+  std::fputs(line.c_str(), stderr);
 }
+
+// How the HTTP server meets slow and idle clients: enough threads that a few of them cannot
+// stall kube-scheduler's requests, and timeouts that hand their threads back.
+constexpr std::size_t kServerThreads = 64;
+constexpr std::size_t kMostBodyBytes = std::size_t{64} << 20;  // whole Node lists of big clusters
+constexpr int kReadTimeoutSeconds = 5, kWriteTimeoutSeconds = 5, kIdleKeepAliveSeconds = 2;
 
 }  // namespace
 
@@ -73,16 +85,37 @@ int scheduler_command(const SchedulerOptions& options) {
   if (!options.token_file.empty()) api.token = read_file(options.token_file);
   if (!options.ca_file.empty()) api.ca_file = options.ca_file;
 
-  sched::Extender extender(policy, std::make_unique<sched::ApiClient>(api));
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-answer is an error, not a signal
+  // SIGTERM and SIGINT are taken by one thread (sigwait), whenever they come: blocked here,
+  // before any thread starts, so that every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sched::Extender extender(policy, std::make_unique<sched::ApiClient>(api), report);
   std::string error;
-  if (!extender.sync(error)) fmt::print(stderr, "tessera scheduler: {} (will retry)\n", error);
+  if (!extender.sync(error)) report(error + " (will retry)");
 
   httplib::Server server;
+  server.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
+  server.set_payload_max_length(kMostBodyBytes);
+  server.set_read_timeout(kReadTimeoutSeconds, 0);
+  server.set_write_timeout(kWriteTimeoutSeconds, 0);
+  server.set_keep_alive_timeout(kIdleKeepAliveSeconds);
   auto handle = [&](auto verb) {
     return [&extender, verb](const httplib::Request& request, httplib::Response& response) {
-      const sched::HttpReply reply = (extender.*verb)(request.body);
+      sched::HttpReply reply;
+      try {
+        reply = (extender.*verb)(request.body);
+      } catch (const std::exception& failure) {  // a defect: said, and answered
+        report(fmt::format("{} failed: {}", request.path, failure.what()));
+        reply = {500, R"({"Error":"internal error; see the scheduler's log"})"};
+      }
       response.status = reply.status;
       response.set_content(reply.body, "application/json");
+      // A large body leaves the heap large: give the memory back to the system.
+      if (request.body.size() > (std::size_t{1} << 20)) malloc_trim(0);
     };
   };
   server.Post(options.url_prefix + "/filter", handle(&sched::Extender::filter));
@@ -91,23 +124,40 @@ int scheduler_command(const SchedulerOptions& options) {
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok", "text/plain");
   });
+  // httplib listens with a backlog of 5: a burst of connections beyond it waits a second for
+  // the SYN to be sent again. The listening socket's backlog is raised once it is bound.
+  int listening_socket = -1;
+  server.set_socket_options([&listening_socket](socket_t socket) {
+    httplib::default_socket_options(socket);
+    listening_socket = socket;
+  });
   const int bound =
       port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
   if (bound < 0) throw std::runtime_error(fmt::format("cannot listen on {}", options.listen));
-  fmt::print("tessera scheduler: listening on {}:{}\n", host, bound);
+  if (listening_socket >= 0) ::listen(listening_socket, SOMAXCONN);
+  const std::string listening = fmt::format("tessera scheduler: listening on {}:{}\n", host, bound);
+  std::fputs(listening.c_str(), stdout);
   std::fflush(stdout);
 
   // What others allocate and release, and nodes coming and going, are watched.
   std::atomic<bool> stopping{false};
-  auto report = [](const std::string& failure) {
-    fmt::print(stderr, "tessera scheduler: {}\n", failure);
-  };
   std::thread pods([&] { extender.follow(sched::Extender::Resource::pods, stopping, report); });
   std::thread nodes([&] { extender.follow(sched::Extender::Resource::nodes, stopping, report); });
-  running_server = &server;
-  std::signal(SIGTERM, stop_serving);
-  std::signal(SIGINT, stop_serving);
+  std::atomic<bool> served{false};
+  std::thread signals([&] {
+    int signal = 0;
+    sigwait(&stop_signals, &signal);
+    stopping = true;
+    // A signal that comes before the server runs would be lost on it: asked until it ends.
+    while (!served) {
+      server.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
   server.listen_after_bind();
+  served = true;
+  if (!stopping) kill(getpid(), SIGTERM);  // ended by itself: the signal thread ends too
+  signals.join();
   stopping = true;
   pods.join();
   nodes.join();

@@ -2,14 +2,18 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <string_view>
 #include <thread>
 
 namespace tessera::sched {
 namespace {
 
 std::size_t append(char* data, std::size_t size, std::size_t count, void* out) {
-  static_cast<std::string*>(out)->append(data, size * count);
+  auto& body = *static_cast<std::string*>(out);
+  if (body.size() + size * count > kMostAnswerBytes) return 0;  // ends the transfer: an error
+  body.append(data, size * count);
   return size * count;
 }
 
@@ -62,16 +66,28 @@ struct ApiClient::Prepared {
 };
 
 ApiResponse ApiClient::call(const char* method, const std::string& path, const std::string* body,
-                            const char* content_type) const {
+                            const char* content_type, Deadline deadline) const {
+  using std::chrono::milliseconds;
   ApiResponse response;
   for (int attempt = 0; attempt < options_.attempts; ++attempt) {
     if (attempt > 0) {  // 100 ms, 200 ms, ...: give a restarting API server time
-      std::this_thread::sleep_for(std::chrono::milliseconds(100 << (attempt - 1)));
+      const auto pause = milliseconds(100 << std::min(attempt - 1, 6));
+      if (std::chrono::steady_clock::now() + pause >= deadline) break;
+      std::this_thread::sleep_for(pause);
+    }
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    const long timeout_ms = deadline == Deadline::max()
+                                ? options_.timeout_ms
+                                : std::min<long>(options_.timeout_ms, left.count());
+    if (timeout_ms <= 0) {
+      if (attempt == 0) response.error = "no time left before the deadline";
+      break;
     }
     Prepared request(options_, method, path, content_type);
     if (request.curl == nullptr) return {0, {}, "curl_easy_init failed"};
     response = ApiResponse{};
-    curl_easy_setopt(request.curl, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.timeout_ms));
+    curl_easy_setopt(request.curl, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_easy_setopt(request.curl, CURLOPT_WRITEFUNCTION, append);
     curl_easy_setopt(request.curl, CURLOPT_WRITEDATA, &response.body);
     if (body != nullptr) {
@@ -101,13 +117,25 @@ ApiResponse ApiClient::watch(const std::string& path,
       request.curl, CURLOPT_WRITEFUNCTION,
       +[](char* data, std::size_t size, std::size_t count, void* out) -> std::size_t {
         auto& lines = *static_cast<Stream*>(out);
+        const std::size_t searched = lines.pending.size();
         lines.pending.append(data, size * count);
-        for (std::size_t end; (end = lines.pending.find('\n')) != std::string::npos;) {
-          const std::string line = lines.pending.substr(0, end);
-          lines.pending.erase(0, end + 1);
-          if (lines.body->size() < 4096) *lines.body += line;
-          if (!line.empty() && !(*lines.on_event)(line)) return 0;  // ends the transfer
+        // Complete lines are handed over; what is left is the start of the next one.
+        std::size_t start = 0;
+        for (std::size_t end;
+             (end = lines.pending.find('\n', std::max(start, searched))) != std::string::npos;
+             start = end + 1) {
+          const std::string_view line(lines.pending.data() + start, end - start);
+          if (lines.body->size() < 4096) lines.body->append(line.substr(0, 4096));
+          if (line.empty()) continue;
+          bool more = false;
+          try {  // nothing may be thrown through libcurl
+            more = (*lines.on_event)(std::string(line));
+          } catch (...) {
+          }
+          if (!more) return 0;  // ends the transfer
         }
+        lines.pending.erase(0, start);
+        if (lines.pending.size() > kMostEventBytes) return 0;  // no event is this large
         return size * count;
       });
   curl_easy_setopt(request.curl, CURLOPT_WRITEDATA, &stream);
@@ -125,16 +153,18 @@ ApiResponse ApiClient::watch(const std::string& path,
   return response;
 }
 
-ApiResponse ApiClient::get(const std::string& path) const {
-  return call("GET", path, nullptr, nullptr);
+ApiResponse ApiClient::get(const std::string& path, Deadline deadline) const {
+  return call("GET", path, nullptr, nullptr, deadline);
 }
 
-ApiResponse ApiClient::post(const std::string& path, const std::string& json) const {
-  return call("POST", path, &json, "application/json");
+ApiResponse ApiClient::post(const std::string& path, const std::string& json,
+                            Deadline deadline) const {
+  return call("POST", path, &json, "application/json", deadline);
 }
 
-ApiResponse ApiClient::patch(const std::string& path, const std::string& json) const {
-  return call("PATCH", path, &json, "application/merge-patch+json");
+ApiResponse ApiClient::patch(const std::string& path, const std::string& json,
+                             Deadline deadline) const {
+  return call("PATCH", path, &json, "application/merge-patch+json", deadline);
 }
 
 }  // namespace tessera::sched

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <functional>
 #include <string>
 
@@ -22,13 +24,23 @@ struct ApiClientOptions {
   int attempts = 3;
 };
 
+// Answers larger than this are cut off with an error (a list of every pod of a large cluster
+// is a few hundred MiB at most); so are watch events.
+inline constexpr std::size_t kMostAnswerBytes = std::size_t{1} << 30;
+inline constexpr std::size_t kMostEventBytes = std::size_t{64} << 20;
+
+using Deadline = std::chrono::steady_clock::time_point;
+
 class ApiClient {
  public:
   explicit ApiClient(ApiClientOptions options);
-  ApiResponse get(const std::string& path) const;
-  ApiResponse post(const std::string& path, const std::string& json) const;
+  // Each call gives up at `deadline` whatever its attempts and timeout would allow.
+  ApiResponse get(const std::string& path, Deadline deadline = Deadline::max()) const;
+  ApiResponse post(const std::string& path, const std::string& json,
+                   Deadline deadline = Deadline::max()) const;
   // A JSON merge patch (application/merge-patch+json).
-  ApiResponse patch(const std::string& path, const std::string& json) const;
+  ApiResponse patch(const std::string& path, const std::string& json,
+                    Deadline deadline = Deadline::max()) const;
   // A watch (`path` asks for one): hands each line of the streamed answer (one event) to
   // on_event until the server ends the stream, on_event returns false, or `stop` is set. No
   // overall timeout; a connection silent for `idle_seconds` is dropped. Not retried: the
@@ -41,7 +53,7 @@ class ApiClient {
   // A handle set up for path with the client's server, credentials and headers.
   struct Prepared;
   ApiResponse call(const char* method, const std::string& path, const std::string* body,
-                   const char* content_type) const;
+                   const char* content_type, Deadline deadline) const;
   ApiClientOptions options_;
 };
 

@@ -173,7 +173,7 @@ void Cluster::set_target_workload(const std::vector<PodSpec>& pods, double cover
     classes_.push_back(task);
   }
   for (TaskClass& task : classes_) task.weight /= covered;
-  fragmentation_memo_.clear();
+  fragmentation_memo_ = FragmentationMemo();
 }
 
 double Cluster::fragmentation(const Node& node) const {
@@ -188,8 +188,12 @@ double Cluster::fragmentation(const Node& node) const {
   mix(static_cast<std::uint64_t>(node.model + 1));
   mix(static_cast<std::uint64_t>(node.cpu_left));
   for (int i = 0; i < node.gpus; ++i) mix(static_cast<std::uint64_t>(sorted[i]) + 7);
-  if (const auto found = fragmentation_memo_.find(key); found != fragmentation_memo_.end()) {
-    return found->second;
+  {
+    std::lock_guard<std::mutex> locked(fragmentation_memo_.mutex);
+    if (const auto found = fragmentation_memo_.values.find(key);
+        found != fragmentation_memo_.values.end()) {
+      return found->second;
+    }
   }
   double amount = 0;
   for (const TaskClass& task : classes_) {
@@ -210,7 +214,10 @@ double Cluster::fragmentation(const Node& node) const {
     }
     amount += task.weight * static_cast<double>(fragment);
   }
-  fragmentation_memo_.emplace(key, amount);
+  std::lock_guard<std::mutex> locked(fragmentation_memo_.mutex);
+  constexpr std::size_t kMostMemoised = 1 << 20;  // a long-lived scheduler meets ever new nodes
+  if (fragmentation_memo_.values.size() >= kMostMemoised) fragmentation_memo_.values.clear();
+  fragmentation_memo_.values.emplace(key, amount);
   return amount;
 }
 

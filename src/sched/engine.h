@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -122,7 +123,20 @@ class Cluster {
   std::unordered_map<std::uint64_t, std::vector<CachedScore>> score_cache_;
   std::vector<std::string> models_;
   std::vector<TaskClass> classes_;
-  mutable std::unordered_map<std::uint64_t, double> fragmentation_memo_;
+  // Fragmentation by node state, filled by const methods, which the extender calls from
+  // several threads at once. A cache: a copied or moved cluster starts with an empty one.
+  struct FragmentationMemo {
+    FragmentationMemo() = default;
+    FragmentationMemo(const FragmentationMemo&) {}
+    FragmentationMemo& operator=(const FragmentationMemo&) {
+      std::lock_guard<std::mutex> locked(mutex);
+      values.clear();
+      return *this;
+    }
+    std::mutex mutex;
+    std::unordered_map<std::uint64_t, double> values;
+  };
+  mutable FragmentationMemo fragmentation_memo_;
   std::int64_t gpu_milli_total_ = 0;
   std::int64_t gpu_milli_allocated_ = 0;
 };

@@ -6,13 +6,22 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <set>
 #include <thread>
+
+#include "sched/json_input.h"
 
 namespace tessera::sched {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+HttpReply json_reply(int status, const nlohmann::json& value) {
+  return {status, dump_outside_json(value)};
+}
+
 HttpReply bad_request(const std::string& reason) {
-  return {400, nlohmann::json{{"Error", reason}}.dump()};
+  return json_reply(400, nlohmann::json{{"Error", reason}});
 }
 
 // Go's JSON decoding matches field names case-insensitively; so does this.
@@ -28,10 +37,64 @@ const nlohmann::json* field(const nlohmann::json& object, const std::string& nam
   return nullptr;
 }
 
+// A string member at `pointer`, or "" where there is none or it is not a string.
+std::string string_at(const nlohmann::json& object, const nlohmann::json::json_pointer& pointer) {
+  if (!object.contains(pointer)) return {};
+  const nlohmann::json& value = object[pointer];
+  return value.is_string() ? value.get<std::string>() : std::string();
+}
+
+bool finished(const nlohmann::json& pod) {
+  const std::string phase = string_at(pod, "/status/phase"_json_pointer);
+  return phase == "Succeeded" || phase == "Failed";
+}
+
+// Names that go into API paths: Kubernetes' own rules (a DNS subdomain for a pod or a node,
+// a DNS label for a namespace), so that nothing else can reach the URL.
+bool dns_name(const std::string& name, std::size_t most, bool dots) {
+  if (name.empty() || name.size() > most) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!alnum(name.front()) || !alnum(name.back())) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [&](char c) { return alnum(c) || c == '-' || (dots && c == '.'); });
+}
+
+const char* collection_path(Extender::Resource resource) {
+  return resource == Extender::Resource::nodes ? "/api/v1/nodes" : "/api/v1/pods";
+}
+
+bool same_node(const kube::NodeInfo& a, const kube::NodeInfo& b) {
+  return a.spec.cpu_milli == b.spec.cpu_milli && a.spec.memory_mib == b.spec.memory_mib &&
+         a.spec.gpus == b.spec.gpus && a.spec.model == b.spec.model &&
+         a.gpu_memory_mib == b.gpu_memory_mib;
+}
+
+// Sleeps for `length` unless `stop` is set first.
+void pause_for(std::chrono::milliseconds length, const std::atomic<bool>& stop) {
+  const auto until = Clock::now() + length;
+  while (!stop && Clock::now() < until) {
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(std::chrono::milliseconds(100), until - Clock::now()));
+  }
+}
+
 }  // namespace
 
-Extender::Extender(Policy default_policy, std::unique_ptr<ApiClient> api)
-    : default_policy_(default_policy), api_(std::move(api)) {}
+Extender::Extender(Policy default_policy, std::unique_ptr<ApiClient> api, Reporter report,
+                   ExtenderLimits limits)
+    : default_policy_(default_policy),
+      api_(std::move(api)),
+      report_(std::move(report)),
+      limits_(limits),
+      cluster_(std::make_unique<Cluster>(std::vector<NodeSpec>{})) {}
+
+void Extender::say(const std::string& problem) const {
+  if (!report_) return;
+  try {
+    report_(problem);
+  } catch (...) {  // a report that cannot be made must not take the request with it
+  }
+}
 
 Policy Extender::policy_for(const kube::PodRequest& pod) const {
   if (pod.policy.empty()) return default_policy_;
@@ -42,35 +105,155 @@ Policy Extender::policy_for(const kube::PodRequest& pod) const {
   }
 }
 
+// --- the allocation state --------------------------------------------------------------------
+
 void Extender::rebuild_locked() {
-  if (!dirty_) return;
   std::vector<NodeSpec> specs;
+  std::set<std::string> models;
   index_.clear();
   for (const auto& [name, info] : nodes_) {
+    NodeSpec spec = info.spec;
+    if (spec.gpus > 0 && !models.contains(spec.model)) {
+      if (static_cast<int>(models.size()) >= Cluster::kMostModels) {
+        say(
+            fmt::format("node {}: GPU model {} is one more than the {} models Tessera places on; "
+                        "its GPUs are not offered",
+                        name, spec.model, Cluster::kMostModels));
+        spec.gpus = 0;
+        spec.model.clear();
+      } else {
+        models.insert(spec.model);
+      }
+    }
     index_[name] = static_cast<int>(specs.size());
-    specs.push_back(info.spec);
+    specs.push_back(spec);
   }
   cluster_ = std::make_unique<Cluster>(specs);
-  for (const auto& [uid, assignment] : assignments_) {
-    const auto found = index_.find(assignment.node);
-    if (found == index_.end()) continue;  // its node is gone
-    const Request request =
-        kube::request_on(*cluster_, assignment.pod, nodes_[assignment.node].gpu_memory_mib);
-    Placement placement;
-    placement.node = found->second;
-    for (int gpu : assignment.gpus) {
-      if (gpu >= 0 && gpu < nodes_[assignment.node].spec.gpus)
-        placement.gpu_index[placement.gpu_count++] = gpu;
-    }
-    cluster_->allocate(request, placement);
+  for (auto& [uid, hold] : holds_) {
+    hold.applied = false;
+    apply_locked(hold);
   }
-  dirty_ = false;
 }
+
+void Extender::apply_locked(Hold& hold) {
+  if (hold.applied) return;
+  const auto found = index_.find(hold.node);
+  if (found == index_.end()) return;  // its node is unknown or gone
+  const kube::NodeInfo& info = nodes_.at(hold.node);
+  const int gpus_here = cluster_->nodes()[found->second].gpus;
+  Request request = kube::request_on(*cluster_, hold.pod, info.gpu_memory_mib);
+  request.gpu_milli = std::min(request.gpu_milli, kMilli);  // a GPU is held whole at most
+  Placement placement;
+  placement.node = found->second;
+  const bool recorded_fits =
+      !hold.choose_gpus &&
+      std::all_of(hold.gpus.begin(), hold.gpus.end(), [&](int gpu) { return gpu < gpus_here; });
+  if (recorded_fits) {  // the recorded GPUs are the ones the pod was given
+    for (int gpu : hold.gpus) placement.gpu_index[placement.gpu_count++] = gpu;
+    request.gpus = placement.gpu_count;
+    if (request.gpus == 0) request.gpu_milli = 0;
+  } else if (request.gpus > 0) {
+    placement = cluster_->place_on(found->second, request, Policy::best_fit, random_);
+    if (placement.node < 0) {
+      say(
+          fmt::format("pod {}/{} runs on {} without a usable record of its GPUs, and no room is "
+                      "left there to hold for it",
+                      hold.pod.namespace_name, hold.pod.name, hold.node));
+      return;
+    }
+  }
+  cluster_->allocate(request, placement);
+  hold.request = request;
+  hold.placement = placement;
+  hold.applied = true;
+}
+
+void Extender::release_locked(Hold& hold) {
+  if (!hold.applied) return;
+  cluster_->release(hold.request, hold.placement);
+  hold.applied = false;
+}
+
+void Extender::set_hold_locked(const std::string& uid, std::optional<Hold> hold) {
+  const auto existing = holds_.find(uid);
+  if (existing != holds_.end()) {
+    const Hold& old = existing->second;
+    if (hold && old.applied && old.node == hold->node && old.gpus == hold->gpus &&
+        old.choose_gpus == hold->choose_gpus && old.pod.cpu_milli == hold->pod.cpu_milli &&
+        old.pod.memory_mib == hold->pod.memory_mib && old.pod.gpus == hold->pod.gpus &&
+        old.pod.gpumem_mib == hold->pod.gpumem_mib &&
+        old.pod.gpumem_percent == hold->pod.gpumem_percent &&
+        old.pod.gpucores == hold->pod.gpucores) {
+      return;  // a status update: nothing held changes
+    }
+    release_locked(existing->second);
+    holds_.erase(existing);
+  }
+  if (!hold) return;
+  apply_locked(*hold);
+  holds_.emplace(uid, std::move(*hold));
+}
+
+std::optional<Extender::Hold> Extender::hold_of(const nlohmann::json& pod, const std::string& uid) {
+  if (finished(pod)) return std::nullopt;  // its resources are free again
+  // Only a bound pod holds anything: an assignment on a pod not bound (a bind that failed
+  // half-way, or one still in flight elsewhere) holds nothing. This extender's own binds in
+  // flight are held through own_binds_.
+  const std::string node = string_at(pod, "/spec/nodeName"_json_pointer);
+  if (node.empty()) return std::nullopt;
+  const std::string label =
+      fmt::format("pod {}/{} ({})", string_at(pod, "/metadata/namespace"_json_pointer),
+                  string_at(pod, "/metadata/name"_json_pointer), uid);
+
+  Hold hold;
+  hold.node = node;
+  bool readable = true;
+  try {
+    hold.pod = kube::pod_from_json(pod);
+  } catch (const std::exception& error) {
+    readable = false;
+    say(fmt::format("{}: {}", label, error.what()));
+  }
+  std::optional<kube::RecordedAssignment> record;
+  const nlohmann::json::json_pointer annotations("/metadata/annotations");
+  const bool has_record = pod.contains(annotations) && pod[annotations].is_object() &&
+                          pod[annotations].contains(kube::kAssignmentAnnotation);
+  if (has_record) {
+    try {
+      record = kube::assignment_from_annotation(pod[annotations][kube::kAssignmentAnnotation]);
+      if (record->node != node) {
+        say(fmt::format("{}: {} names node {} but the pod runs on {}; holding GPUs there", label,
+                        kube::kAssignmentAnnotation, record->node, node));
+        record.reset();
+      }
+    } catch (const std::exception& error) {
+      say(fmt::format("{}: annotation {} cannot be read ({}); holding GPUs on {} for it", label,
+                      kube::kAssignmentAnnotation, error.what(), node));
+    }
+  }
+  if (!readable) {
+    if (!record) return std::nullopt;  // nothing known of what it holds
+    hold.pod = {};                     // its recorded GPUs, whole
+    hold.pod.uid = uid;
+    hold.pod.gpus = static_cast<int>(record->gpus.size());
+  }
+  if (record) {
+    hold.gpus = record->gpus;
+  } else {
+    // A pod placed by someone else (or whose record is damaged) still uses GPUs: the engine
+    // picks as many to hold as it asks for. A pod without GPUs is left to kube-scheduler.
+    if (hold.pod.gpus == 0) return std::nullopt;
+    hold.choose_gpus = true;
+  }
+  return hold;
+}
+
+// --- requests ---------------------------------------------------------------------------
 
 bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpReply& reply) {
   nlohmann::json args;
   try {
-    args = nlohmann::json::parse(body);
+    args = parse_outside_json(body);
   } catch (const std::exception& error) {
     reply = bad_request(fmt::format("the body is not JSON: {}", error.what()));
     return false;
@@ -94,22 +277,32 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
       reply = bad_request("ExtenderArgs.Nodes has no items array");
       return false;
     }
+    std::vector<kube::NodeInfo> infos;
     for (const auto& node : *items) {
       try {
-        kube::NodeInfo info = kube::node_from_json(node);
-        candidates.names.push_back(info.spec.name);
-        candidates.node_objects.push_back(node);
-        std::lock_guard<std::mutex> locked(mutex_);
-        auto& known = nodes_[info.spec.name];
-        if (known.spec.cpu_milli != info.spec.cpu_milli || known.spec.gpus != info.spec.gpus ||
-            known.spec.model != info.spec.model || known.spec.memory_mib != info.spec.memory_mib) {
-          known = info;
-          dirty_ = true;
-        }
+        infos.push_back(kube::node_from_json(node));
       } catch (const std::exception& error) {
         reply = bad_request(error.what());
         return false;
       }
+      candidates.names.push_back(infos.back().spec.name);
+      candidates.node_objects.push_back(node);
+    }
+    auto changed = [&] {
+      return std::any_of(infos.begin(), infos.end(), [&](const kube::NodeInfo& info) {
+        const auto known = nodes_.find(info.spec.name);
+        return known == nodes_.end() || !same_node(known->second, info);
+      });
+    };
+    bool stale = false;
+    {
+      std::shared_lock<std::shared_mutex> reading(mutex_);
+      stale = changed();
+    }
+    if (stale) {  // kube-scheduler knows nodes better than this extender's last look
+      std::unique_lock<std::shared_mutex> writing(mutex_);
+      for (const kube::NodeInfo& info : infos) nodes_[info.spec.name] = info;
+      rebuild_locked();
     }
   } else if (names != nullptr && names->is_array()) {
     for (const auto& name : *names) {
@@ -128,13 +321,13 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
 }
 
 std::string Extender::refusal_locked(const kube::PodRequest& pod, const std::string& node,
-                                     Request& request, int& index) {
+                                     Request& request, int& index) const {
   const auto found = index_.find(node);
   if (found == index_.end()) return "node unknown to Tessera";
   index = found->second;
-  const kube::NodeInfo& info = nodes_[node];
+  const kube::NodeInfo& info = nodes_.at(node);
   if (pod.gpus > 0) {
-    if (info.spec.gpus == 0)
+    if (cluster_->nodes()[index].gpus == 0)
       return fmt::format("node has no GPUs Tessera knows of ({})", kube::kGpusAnnotation);
     if (std::string why = kube::model_refusal(pod, info.spec.model); !why.empty()) return why;
   }
@@ -159,8 +352,7 @@ HttpReply Extender::filter(const std::string& body) {
   nlohmann::json passed_names = nlohmann::json::array();
   nlohmann::json passed_nodes = nlohmann::json::array();
   {
-    std::lock_guard<std::mutex> locked(mutex_);
-    rebuild_locked();
+    std::shared_lock<std::shared_mutex> reading(mutex_);
     for (std::size_t i = 0; i < candidates.names.size(); ++i) {
       Request request;
       int index = -1;
@@ -172,7 +364,6 @@ HttpReply Extender::filter(const std::string& body) {
       passed_names.push_back(candidates.names[i]);
       if (!candidates.names_only) passed_nodes.push_back(candidates.node_objects[i]);
     }
-    if (!candidates.pod.uid.empty()) seen_[candidates.pod.uid] = candidates.pod;
   }
   nlohmann::json result{{"FailedNodes", failed},
                         {"FailedAndUnresolvableNodes", nlohmann::json::object()},
@@ -184,7 +375,7 @@ HttpReply Extender::filter(const std::string& body) {
     result["Nodes"] = {{"items", passed_nodes}};
     result["NodeNames"] = nullptr;
   }
-  return {200, result.dump()};
+  return json_reply(200, result);
 }
 
 HttpReply Extender::prioritize(const std::string& body) {
@@ -193,8 +384,7 @@ HttpReply Extender::prioritize(const std::string& body) {
   if (!parse_args(body, candidates, reply)) return reply;
   std::vector<std::pair<std::string, double>> scores;
   {
-    std::lock_guard<std::mutex> locked(mutex_);
-    rebuild_locked();
+    std::shared_lock<std::shared_mutex> reading(mutex_);
     const Policy policy = policy_for(candidates.pod);
     for (const std::string& name : candidates.names) {
       Request request;
@@ -221,13 +411,13 @@ HttpReply Extender::prioritize(const std::string& body) {
     if (score > -1e300) scaled = high > low ? std::lround(10 * (score - low) / (high - low)) : 5;
     result.push_back({{"Host", name}, {"Score", scaled}});
   }
-  return {200, result.dump()};
+  return json_reply(200, result);
 }
 
 HttpReply Extender::bind(const std::string& body) {
   nlohmann::json args;
   try {
-    args = nlohmann::json::parse(body);
+    args = parse_outside_json(body);
   } catch (const std::exception& error) {
     return bad_request(fmt::format("the body is not JSON: {}", error.what()));
   }
@@ -243,100 +433,129 @@ HttpReply Extender::bind(const std::string& body) {
   }
   const std::string pod_name = name->get<std::string>(), pod_ns = ns->get<std::string>();
   const std::string pod_uid = uid->get<std::string>(), node_name = node->get<std::string>();
+  if (!dns_name(pod_name, kube::kMostNameLength, true) || !dns_name(pod_ns, 63, false) ||
+      !dns_name(node_name, kube::kMostNameLength, true) || pod_uid.size() > 128) {
+    return bad_request(
+        "ExtenderBindingArgs: PodName and Node must be DNS subdomains, PodNamespace a DNS label, "
+        "PodUID at most 128 bytes");
+  }
   auto error = [](const std::string& reason) {
-    return HttpReply{200, nlohmann::json{{"Error", reason}}.dump()};
+    return json_reply(200, nlohmann::json{{"Error", reason}});
   };
 
-  kube::PodRequest pod;
-  bool known = false;
-  {
-    std::lock_guard<std::mutex> locked(mutex_);
-    if (const auto found = seen_.find(pod_uid); found != seen_.end()) {
-      pod = found->second;
-      known = true;
-    }
+  // A bind waits on the API server: a few at a time, so that filter always finds a thread.
+  struct InFlight {
+    std::atomic<int>& count;
+    ~InFlight() { --count; }
+  } in_flight{binds_in_flight_};
+  if (++binds_in_flight_ > limits_.most_concurrent_binds) {
+    return error(
+        fmt::format("{} binds are in flight already; try again", limits_.most_concurrent_binds));
   }
-  if (!known) {  // not filtered by this replica: ask the API server
-    const ApiResponse response =
-        api_->get(fmt::format("/api/v1/namespaces/{}/pods/{}", pod_ns, pod_name));
-    if (response.status != 200) {
-      return error(fmt::format("cannot read pod {}/{}: HTTP {} {}", pod_ns, pod_name,
-                               response.status, response.error));
+  const Deadline deadline = Clock::now() + limits_.bind_budget;
+  const std::string label = fmt::format("{}/{}", pod_ns, pod_name);
+  const std::string pod_path = fmt::format("/api/v1/namespaces/{}/pods/{}", pod_ns, pod_name);
+
+  // The pod as it is now: what it asks for, whether it is bound already, and its version, so
+  // that the record is written only on the pod read here.
+  const ApiResponse read = api_->get(pod_path, deadline);
+  if (read.status != 200) {
+    return error(fmt::format("cannot read pod {}: HTTP {} {}", label, read.status, read.error));
+  }
+  kube::PodRequest pod;
+  std::string version;
+  try {
+    const nlohmann::json object = parse_outside_json(read.body);
+    const std::string current_uid = string_at(object, "/metadata/uid"_json_pointer);
+    if (current_uid != pod_uid) {
+      return error(
+          fmt::format("pod {} is now another pod (UID {}, not {})", label, current_uid, pod_uid));
     }
-    try {
-      pod = kube::pod_from_json(nlohmann::json::parse(response.body));
-    } catch (const std::exception& failure) {
-      return error(failure.what());
+    if (const std::string bound = string_at(object, "/spec/nodeName"_json_pointer);
+        !bound.empty()) {
+      return error(fmt::format("pod {} is bound to {} already; its assignment is left as it is",
+                               label, bound));
     }
+    version = string_at(object, "/metadata/resourceVersion"_json_pointer);
+    pod = kube::pod_from_json(object);
+  } catch (const std::exception& failure) {
+    return error(fmt::format("pod {} cannot be read: {}", label, failure.what()));
   }
 
-  Assignment assignment{node_name, pod, {}};
+  std::vector<int> gpus;
+  int gpu_milli = 0;
   {
-    std::lock_guard<std::mutex> locked(mutex_);
-    rebuild_locked();
+    std::unique_lock<std::shared_mutex> writing(mutex_);
     Request request;
     int index = -1;
-    if (std::string why = refusal_locked(pod, node_name, request, index); !why.empty()) {
-      return error(
-          fmt::format("pod {}/{} no longer fits node {}: {}", pod_ns, pod_name, node_name, why));
+    if (const auto stale = holds_.find(pod_uid); stale != holds_.end()) {
+      release_locked(stale->second);  // an earlier attempt's: this one replaces it
+      holds_.erase(stale);
     }
-    const Placement placement = cluster_->place_on(index, request, policy_for(pod), random_);
-    for (int k = 0; k < placement.gpu_count; ++k) assignment.gpus.push_back(placement.gpu_index[k]);
+    if (std::string why = refusal_locked(pod, node_name, request, index); !why.empty()) {
+      return error(fmt::format("pod {} no longer fits node {}: {}", label, node_name, why));
+    }
+    Hold hold;
+    hold.node = node_name;
+    hold.pod = pod;
+    hold.placement = cluster_->place_on(index, request, policy_for(pod), random_);
+    for (int k = 0; k < hold.placement.gpu_count; ++k) gpus.push_back(hold.placement.gpu_index[k]);
+    hold.gpus = gpus;
+    hold.request = request;
+    gpu_milli = request.gpu_milli;
     // Held now, so that concurrent binds cannot take the same room.
-    cluster_->allocate(request, placement);
-    assignments_[pod_uid] = assignment;
-    own_binds_[pod_uid] = std::chrono::steady_clock::now();
-    seen_.erase(pod_uid);
+    cluster_->allocate(request, hold.placement);
+    hold.applied = true;
+    holds_[pod_uid] = std::move(hold);
+    own_binds_[pod_uid] = Clock::now();
   }
-  const Request summary = [&] {
-    std::lock_guard<std::mutex> locked(mutex_);
-    return kube::request_on(*cluster_, pod, nodes_[node_name].gpu_memory_mib);
-  }();
-  const nlohmann::json record{
-      {"node", node_name}, {"gpus", assignment.gpus}, {"milli", summary.gpu_milli}};
-  const nlohmann::json patch{
+  auto give_back = [&] {
+    std::unique_lock<std::shared_mutex> writing(mutex_);
+    own_binds_.erase(pod_uid);
+    if (const auto held = holds_.find(pod_uid); held != holds_.end()) {
+      release_locked(held->second);
+      holds_.erase(held);
+    }
+  };
+
+  const nlohmann::json record{{"node", node_name}, {"gpus", gpus}, {"milli", gpu_milli}};
+  nlohmann::json patch{
       {"metadata", {{"annotations", {{kube::kAssignmentAnnotation, record.dump()}}}}}};
+  // A merge patch that names the version is refused (409) if the pod changed since.
+  if (!version.empty()) patch["metadata"]["resourceVersion"] = version;
+  const ApiResponse recorded = api_->patch(pod_path, dump_outside_json(patch), deadline);
+  if (recorded.status != 200) {
+    give_back();
+    return error(fmt::format("recording the assignment on pod {} failed: HTTP {} {}{}", label,
+                             recorded.status,
+                             recorded.status == 0 ? recorded.error : recorded.body.substr(0, 512),
+                             recorded.status == 409 ? " (the pod changed since it was read)" : ""));
+  }
   const nlohmann::json binding{
       {"apiVersion", "v1"},
       {"kind", "Binding"},
       {"metadata", {{"name", pod_name}, {"namespace", pod_ns}, {"uid", pod_uid}}},
       {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node_name}}}};
-  const std::string pod_path = fmt::format("/api/v1/namespaces/{}/pods/{}", pod_ns, pod_name);
-  ApiResponse response = api_->patch(pod_path, patch.dump());
-  if (response.status == 200) response = api_->post(pod_path + "/binding", binding.dump());
-  if (response.status != 200 && response.status != 201) {
-    std::lock_guard<std::mutex> locked(mutex_);
-    assignments_.erase(pod_uid);  // give the room back
-    own_binds_.erase(pod_uid);
-    dirty_ = true;
-    return error(fmt::format("binding {}/{} to {} failed: HTTP {} {}", pod_ns, pod_name, node_name,
-                             response.status,
-                             response.status == 0 ? response.error : response.body));
+  const ApiResponse bound = api_->post(pod_path + "/binding", binding.dump(), deadline);
+  if (bound.status != 200 && bound.status != 201) {
+    give_back();
+    // The record must not outlive the bind; an unbound pod's record is ignored anyway, so a
+    // revert that fails too (the API server is down) leaves nothing held.
+    const nlohmann::json revert{
+        {"metadata", {{"annotations", {{kube::kAssignmentAnnotation, nullptr}}}}}};
+    const ApiResponse reverted =
+        api_->patch(pod_path, revert.dump(), Clock::now() + std::chrono::seconds(2));
+    if (reverted.status != 200) {
+      say(fmt::format("pod {}: the assignment of a failed bind could not be removed: HTTP {} {}",
+                      label, reverted.status, reverted.error));
+    }
+    return error(fmt::format("binding {} to {} failed: HTTP {} {}", label, node_name, bound.status,
+                             bound.status == 0 ? bound.error : bound.body.substr(0, 512)));
   }
-  return {200, nlohmann::json{{"Error", ""}}.dump()};
+  return json_reply(200, nlohmann::json{{"Error", ""}});
 }
 
-namespace {
-
-// A pod's assignment as recorded on it, unless it has none or has finished (its resources are
-// free again).
-std::optional<std::pair<std::string, std::vector<int>>> recorded_assignment(
-    const nlohmann::json& pod) {
-  const std::string phase = pod.value("/status/phase"_json_pointer, std::string());
-  if (phase == "Succeeded" || phase == "Failed") return std::nullopt;
-  const auto annotations =
-      pod.value("/metadata/annotations"_json_pointer, nlohmann::json::object());
-  if (!annotations.contains(kube::kAssignmentAnnotation)) return std::nullopt;
-  const auto record =
-      nlohmann::json::parse(annotations[kube::kAssignmentAnnotation].get<std::string>());
-  return std::pair{record.at("node").get<std::string>(), record.at("gpus").get<std::vector<int>>()};
-}
-
-const char* collection_path(Extender::Resource resource) {
-  return resource == Extender::Resource::nodes ? "/api/v1/nodes" : "/api/v1/pods";
-}
-
-}  // namespace
+// --- lists and watches -----------------------------------------------------------------
 
 bool Extender::list(Resource resource, std::string& version, std::string& error) {
   const ApiResponse listed = api_->get(collection_path(resource));
@@ -346,17 +565,28 @@ bool Extender::list(Resource resource, std::string& version, std::string& error)
     return false;
   }
   std::map<std::string, kube::NodeInfo> node_infos;
-  std::map<std::string, Assignment> assignments;
+  std::map<std::string, Hold> holds;
   try {
-    const nlohmann::json list_body = nlohmann::json::parse(listed.body);
-    version = list_body.value("/metadata/resourceVersion"_json_pointer, std::string());
-    for (const auto& item : list_body.at("items")) {
-      if (resource == Resource::nodes) {
-        kube::NodeInfo info = kube::node_from_json(item);
-        node_infos[info.spec.name] = info;
-      } else if (auto recorded = recorded_assignment(item)) {
-        Assignment assignment{recorded->first, kube::pod_from_json(item), recorded->second};
-        assignments[assignment.pod.uid] = assignment;
+    const nlohmann::json list_body = parse_outside_json(listed.body);
+    if (!list_body.is_object() || !list_body.contains("items") || !list_body["items"].is_array()) {
+      throw std::runtime_error("it has no items array");
+    }
+    version = string_at(list_body, "/metadata/resourceVersion"_json_pointer);
+    // One object that cannot be read is reported and skipped; the rest still count.
+    for (const auto& item : list_body["items"]) {
+      try {
+        if (resource == Resource::nodes) {
+          kube::NodeInfo info = kube::node_from_json(item);
+          node_infos[info.spec.name] = info;
+        } else {
+          const std::string uid = string_at(item, "/metadata/uid"_json_pointer);
+          if (uid.empty() || uid.size() > 128)
+            throw std::runtime_error("a pod without metadata.uid");
+          if (auto hold = hold_of(item, uid)) holds[uid] = std::move(*hold);
+        }
+      } catch (const std::exception& failure) {
+        say(fmt::format("listing {}: skipped an object: {}", collection_path(resource),
+                        failure.what()));
       }
     }
   } catch (const std::exception& failure) {
@@ -364,25 +594,25 @@ bool Extender::list(Resource resource, std::string& version, std::string& error)
                         failure.what());
     return false;
   }
-  std::lock_guard<std::mutex> locked(mutex_);
+  std::unique_lock<std::shared_mutex> writing(mutex_);
   if (resource == Resource::nodes) {
     nodes_ = std::move(node_infos);
   } else {
     // A list may have been read before this extender's latest binds reached the API server:
     // those stay held a while, unless the list shows them already.
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = Clock::now();
     for (auto bound = own_binds_.begin(); bound != own_binds_.end();) {
-      const auto held = assignments_.find(bound->first);
-      if (now - bound->second > kOwnBindGrace || held == assignments_.end()) {
+      const auto held = holds_.find(bound->first);
+      if (now - bound->second > kOwnBindGrace || held == holds_.end()) {
         bound = own_binds_.erase(bound);
         continue;
       }
-      assignments.try_emplace(bound->first, held->second);
+      holds.try_emplace(bound->first, held->second);
       ++bound;
     }
-    assignments_ = std::move(assignments);
+    holds_ = std::move(holds);
   }
-  dirty_ = true;
+  rebuild_locked();
   return true;
 }
 
@@ -393,85 +623,138 @@ bool Extender::sync(std::string& error) {
 
 Extender::WatchEnd Extender::apply_event(Resource resource, const std::string& line,
                                          std::string& version, std::string& why) {
-  nlohmann::json event;
   try {
-    event = nlohmann::json::parse(line);
-  } catch (const std::exception& error) {
-    why = fmt::format("an event is not JSON: {}", error.what());
-    return WatchEnd::broken;
-  }
-  const std::string type = event.value("type", std::string());
-  const nlohmann::json& object = event.contains("object") ? event["object"] : event;
-  if (type == "ERROR" || type.empty()) {  // 410 Gone: the version is too old to watch from
-    if (object.value("code", 0) == 410) return WatchEnd::expired;
-    why = fmt::format("the API server sent {}", line.substr(0, 200));
-    return WatchEnd::broken;
-  }
-  version = object.value("/metadata/resourceVersion"_json_pointer, version);
-  if (type == "BOOKMARK") return WatchEnd::not_yet;
-  try {
-    std::lock_guard<std::mutex> locked(mutex_);
-    if (resource == Resource::nodes) {
-      kube::NodeInfo info = kube::node_from_json(object);
-      if (type == "DELETED") {
-        nodes_.erase(info.spec.name);
-      } else {
-        nodes_[info.spec.name] = info;
-      }
-    } else {
-      const kube::PodRequest pod = kube::pod_from_json(object);
-      const auto recorded = type == "DELETED" ? std::nullopt : recorded_assignment(object);
-      if (recorded) {
-        assignments_[pod.uid] = Assignment{recorded->first, pod, recorded->second};
-      } else if (type == "DELETED" ||
-                 object.value("/status/phase"_json_pointer, std::string()) == "Succeeded" ||
-                 object.value("/status/phase"_json_pointer, std::string()) == "Failed") {
-        assignments_.erase(pod.uid);
-      }  // else not placed by Tessera yet: a bind of ours may be holding its room
+    const nlohmann::json event = parse_outside_json(line);
+    if (!event.is_object() || !event.contains("type") || !event["type"].is_string()) {
+      why = fmt::format("an event without a type: {}", line.substr(0, 200));
+      return WatchEnd::broken;
     }
-    dirty_ = true;
+    const std::string type = event["type"].get<std::string>();
+    const nlohmann::json& object = event.contains("object") ? event["object"] : event;
+    if (type == "ERROR") {  // 410 Gone: the version is too old to watch from
+      if (object.is_object() && object.contains("code") && object["code"] == 410) {
+        return WatchEnd::expired;
+      }
+      why = fmt::format("the API server sent {}", line.substr(0, 200));
+      return WatchEnd::broken;
+    }
+    if (!object.is_object()) {
+      why = fmt::format("a {} event without an object", type);
+      return WatchEnd::broken;
+    }
+    if (type != "ADDED" && type != "MODIFIED" && type != "DELETED" && type != "BOOKMARK") {
+      why = fmt::format("an event of unknown type {}", type.substr(0, 40));
+      return WatchEnd::broken;
+    }
+    if (const std::string seen = string_at(object, "/metadata/resourceVersion"_json_pointer);
+        !seen.empty()) {
+      version = seen;
+    }
+    if (type == "BOOKMARK") return WatchEnd::not_yet;
+    if (resource == Resource::nodes) {
+      const std::string name = string_at(object, "/metadata/name"_json_pointer);
+      if (name.empty()) {
+        why = fmt::format("a {} event's node has no name", type);
+        return WatchEnd::broken;
+      }
+      std::optional<kube::NodeInfo> info;
+      if (type != "DELETED") {
+        try {
+          info = kube::node_from_json(object);
+        } catch (const std::exception& error) {  // unusable now: offered to nobody
+          say(fmt::format("watching nodes: {}; the node is not offered", error.what()));
+        }
+      }
+      std::unique_lock<std::shared_mutex> writing(mutex_);
+      const auto known = nodes_.find(name);
+      if (info && known != nodes_.end() && same_node(known->second, *info)) {
+        return WatchEnd::not_yet;  // a status update: nothing Tessera uses changed
+      }
+      if (!info && known == nodes_.end()) return WatchEnd::not_yet;
+      if (info) {
+        nodes_[name] = *info;
+      } else {
+        nodes_.erase(name);
+      }
+      rebuild_locked();
+      return WatchEnd::not_yet;
+    }
+    const std::string uid = string_at(object, "/metadata/uid"_json_pointer);
+    if (uid.empty() || uid.size() > 128) {
+      why = fmt::format("a {} event's pod has no metadata.uid", type);
+      return WatchEnd::broken;
+    }
+    std::optional<Hold> hold;
+    if (type != "DELETED") hold = hold_of(object, uid);
+    std::unique_lock<std::shared_mutex> writing(mutex_);
+    if (type == "DELETED" || finished(object)) {
+      own_binds_.erase(uid);
+    } else if (!hold && own_binds_.contains(uid)) {
+      return WatchEnd::not_yet;  // not bound yet: this extender's bind holds its room
+    }
+    set_hold_locked(uid, std::move(hold));
   } catch (const std::exception& error) {  // list again rather than guess
-    why = fmt::format("a {} event's object cannot be read: {}", type, error.what());
+    why = fmt::format("an event cannot be read: {}", error.what());
     return WatchEnd::broken;
   }
   return WatchEnd::not_yet;
 }
 
-void Extender::follow(Resource resource, const std::atomic<bool>& stop,
-                      const std::function<void(const std::string&)>& report) {
-  auto pause = [&stop] {  // a second, unless stopped
-    for (int waited = 0; waited < 10 && !stop; ++waited) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+void Extender::follow(Resource resource, const std::atomic<bool>& stop, const Reporter& report) {
+  auto tell = [&report](const std::string& text) {
+    try {
+      report(text);
+    } catch (...) {
     }
   };
+  // A watch that ends at once without news (a server answering 410, or closing, every time)
+  // is retried ever more slowly: 100 ms, doubling up to 5 s.
+  constexpr std::chrono::milliseconds kFirstBackoff{100}, kMostBackoff{5000};
+  std::chrono::milliseconds backoff{0};
+  auto fruitless = [&] {
+    backoff = std::min(kMostBackoff, backoff.count() == 0 ? kFirstBackoff : 2 * backoff);
+    pause_for(backoff, stop);
+  };
   while (!stop) {
-    std::string version, error;
-    if (!list(resource, version, error)) {
-      report(error);
-      pause();
-      continue;
-    }
-    WatchEnd end = WatchEnd::not_yet;
-    while (!stop && end == WatchEnd::not_yet) {
-      const std::string path =
-          fmt::format("{}?watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}",
-                      collection_path(resource), version);
-      const ApiResponse answer = api_->watch(
-          path,
-          [&](const std::string& line) {
-            end = apply_event(resource, line, version, error);
-            return end == WatchEnd::not_yet;
-          },
-          stop, 330);
-      if (end == WatchEnd::not_yet && answer.status != 200 && !stop) {
-        error = fmt::format("HTTP {} {}", answer.status, answer.error);
-        end = WatchEnd::broken;
+    try {
+      std::string version, error;
+      if (!list(resource, version, error)) {
+        tell(error);
+        pause_for(std::chrono::seconds(1), stop);
+        continue;
       }
-      if (end == WatchEnd::broken) {  // whatever broke it, say so, and do not hammer the server
-        report(fmt::format("watching {}: {}; listing again", collection_path(resource), error));
-        pause();
+      WatchEnd end = WatchEnd::not_yet;
+      while (!stop && end == WatchEnd::not_yet) {
+        const std::string path =
+            fmt::format("{}?watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}",
+                        collection_path(resource), version);
+        const auto started = Clock::now();
+        int applied = 0;
+        const ApiResponse answer = api_->watch(
+            path,
+            [&](const std::string& line) {
+              end = apply_event(resource, line, version, error);
+              applied += end == WatchEnd::not_yet;
+              return end == WatchEnd::not_yet;
+            },
+            stop, 330);
+        if (end == WatchEnd::not_yet && answer.status != 200 && !stop) {
+          error = fmt::format("HTTP {} {}", answer.status, answer.error);
+          end = WatchEnd::broken;
+        }
+        if (end == WatchEnd::broken) {  // whatever broke it, say so, and do not hammer the server
+          tell(fmt::format("watching {}: {}; listing again", collection_path(resource), error));
+          pause_for(std::chrono::seconds(1), stop);
+        } else if (applied == 0 && Clock::now() - started < std::chrono::seconds(1)) {
+          fruitless();
+        } else {
+          backoff = std::chrono::milliseconds(0);
+        }
+        // A stream that ends cleanly (timeoutSeconds) is resumed from the last version seen.
       }
-      // A stream that ends cleanly (timeoutSeconds) is resumed from the last version seen.
+    } catch (const std::exception& failure) {  // nothing may end the thread
+      tell(fmt::format("watching {}: {}", collection_path(resource), failure.what()));
+      pause_for(std::chrono::seconds(1), stop);
     }
   }
 }

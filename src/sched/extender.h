@@ -1,9 +1,14 @@
 // The kube-scheduler extender: filter, prioritize and bind over HTTP (REFERENCE §4), deciding
 // with the placement engine. Node capacity comes from the nodes kube-scheduler sends (or, with
 // nodeCacheCapable, from the nodes on the API server); what is already allocated comes from
-// the tessera.io/assignment annotations of the pods on the API server, and from this
-// extender's own binds. Both are listed, then watched (follow), as client-go's reflectors do.
-// Requests may arrive concurrently.
+// the pods on the API server (their tessera.io/assignment annotations) and from this
+// extender's own binds. Both are listed, then watched (follow), as client-go's reflectors do,
+// and every event updates the allocation state in place.
+//
+// Requests may arrive concurrently: filter and prioritize read the state together, events and
+// binds change it one at a time. Everything read from outside is checked; a pod or node that
+// cannot be read is reported and skipped, never the whole list, and a bound pod whose record
+// cannot be read is held conservatively where it runs.
 #pragma once
 
 #include <atomic>
@@ -13,7 +18,9 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 
@@ -28,9 +35,17 @@ struct HttpReply {
   std::string body;
 };
 
+struct ExtenderLimits {
+  int most_concurrent_binds = 16;                // more are refused at once
+  std::chrono::milliseconds bind_budget{20000};  // all API calls of one bind together
+};
+
 class Extender {
  public:
-  Extender(Policy default_policy, std::unique_ptr<ApiClient> api);
+  using Reporter = std::function<void(const std::string&)>;
+  // `report` hears of objects that could not be read (never throws; may be empty).
+  Extender(Policy default_policy, std::unique_ptr<ApiClient> api, Reporter report = {},
+           ExtenderLimits limits = {});
 
   HttpReply filter(const std::string& body);
   HttpReply prioritize(const std::string& body);
@@ -43,15 +58,20 @@ class Extender {
   enum class Resource { nodes, pods };
   // Keeps the state of `resource` current until `stop`: lists it, then watches from the
   // list's version, applying each change; lists again when the watch breaks or its version
-  // has expired (410 Gone). Failures are passed to `report` and retried a second later.
-  void follow(Resource resource, const std::atomic<bool>& stop,
-              const std::function<void(const std::string&)>& report);
+  // has expired (410 Gone), backing off while that repeats. Failures are passed to `report`.
+  // Never throws.
+  void follow(Resource resource, const std::atomic<bool>& stop, const Reporter& report);
 
  private:
-  struct Assignment {
+  // What a pod holds on a node, and what of it is applied to the cluster model.
+  struct Hold {
     std::string node;
     kube::PodRequest pod;
-    std::vector<int> gpus;
+    std::vector<int> gpus;     // as recorded; empty with choose_gpus
+    bool choose_gpus = false;  // no usable record: the engine picks GPUs to hold
+    bool applied = false;
+    Request request;
+    Placement placement;
   };
   struct Candidates {
     kube::PodRequest pod;
@@ -65,27 +85,36 @@ class Extender {
   // Applies one line of a watch; says whether the watch must end, and if it broke, why.
   WatchEnd apply_event(Resource resource, const std::string& line, std::string& version,
                        std::string& why);
+  // What a listed or watched pod holds, if anything; problems go to report_.
+  std::optional<Hold> hold_of(const nlohmann::json& pod, const std::string& uid);
 
   // Parses ExtenderArgs; on failure fills reply with 400 and the reason.
   bool parse_args(const std::string& body, Candidates& candidates, HttpReply& reply);
+  // The cluster model from nodes_, with every hold applied: after nodes change or a relist.
   void rebuild_locked();
+  void apply_locked(Hold& hold);
+  void release_locked(Hold& hold);
+  void set_hold_locked(const std::string& uid, std::optional<Hold> hold);
   // Why the pod cannot go to node (empty if it can); fills request for it.
   std::string refusal_locked(const kube::PodRequest& pod, const std::string& node, Request& request,
-                             int& index);
+                             int& index) const;
   Policy policy_for(const kube::PodRequest& pod) const;
+  void say(const std::string& problem) const;
 
   Policy default_policy_;
   std::unique_ptr<ApiClient> api_;
-  std::mutex mutex_;
+  Reporter report_;
+  ExtenderLimits limits_;
+  std::atomic<int> binds_in_flight_{0};
+
+  std::shared_mutex mutex_;  // guards all below
   std::map<std::string, kube::NodeInfo> nodes_;
-  std::map<std::string, Assignment> assignments_;  // by pod UID
-  std::map<std::string, kube::PodRequest> seen_;   // pods filtered, by UID, for bind
+  std::map<std::string, Hold> holds_;  // by pod UID
   // This extender's binds, by pod UID, and when: held across a list read before they landed.
   std::map<std::string, std::chrono::steady_clock::time_point> own_binds_;
   static constexpr std::chrono::seconds kOwnBindGrace{60};
   std::unique_ptr<Cluster> cluster_;
   std::map<std::string, int> index_;
-  bool dirty_ = true;
   std::mt19937_64 random_{42};
 };
 

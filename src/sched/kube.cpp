@@ -6,13 +6,110 @@
 #include <charconv>
 #include <stdexcept>
 
+#include "sched/json_input.h"
+
 namespace tessera::sched::kube {
 namespace {
 
-bool parse_number(std::string_view text, double& value) {
-  if (text.empty()) return false;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  return error == std::errc() && end == text.data() + text.size() && value >= 0;
+// A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): an unsigned decimal number
+// with a binary suffix (Ki .. Ei), a decimal one (n u m "" k M G T P E) or an exponent
+// (e3, E-2), read exactly: the value is digits / 10^fraction * 10^power * 2^binary.
+// Wide enough for any quantity below the bounds times any suffix (__extension__: GCC and
+// Clang have it; ISO C++ has no 128-bit integer).
+__extension__ typedef __int128 Wide;
+
+struct Quantity {
+  Wide digits = 0;
+  int fraction = 0;  // digits after the point
+  int power = 0;     // decimal suffix or exponent
+  int binary = 0;    // binary suffix, in powers of two
+};
+
+bool read_quantity(std::string_view text, Quantity& quantity) {
+  std::size_t at = 0;
+  if (at < text.size() && text[at] == '+') ++at;
+  bool any_digit = false, point = false;
+  int significant = 0;
+  for (; at < text.size(); ++at) {
+    const char c = text[at];
+    if (c == '.' && !point) {
+      point = true;
+      continue;
+    }
+    if (c < '0' || c > '9') break;
+    any_digit = true;
+    if (quantity.digits == 0 && c == '0') {
+      if (point) ++quantity.fraction;
+      continue;
+    }
+    if (++significant > 30) return false;  // beyond any resource's range
+    quantity.digits = quantity.digits * 10 + (c - '0');
+    if (point) ++quantity.fraction;
+  }
+  if (!any_digit) return false;
+  const std::string_view suffix = text.substr(at);
+  static const std::pair<std::string_view, int> kBinary[] = {{"Ki", 10}, {"Mi", 20}, {"Gi", 30},
+                                                             {"Ti", 40}, {"Pi", 50}, {"Ei", 60}};
+  static const std::pair<std::string_view, int> kDecimal[] = {
+      {"n", -9}, {"u", -6}, {"m", -3}, {"", 0},   {"k", 3},
+      {"M", 6},  {"G", 9},  {"T", 12}, {"P", 15}, {"E", 18}};
+  for (const auto& [name, shift] : kBinary) {
+    if (suffix == name) {
+      quantity.binary = shift;
+      return true;
+    }
+  }
+  for (const auto& [name, power] : kDecimal) {
+    if (suffix == name) {
+      quantity.power = power;
+      return true;
+    }
+  }
+  if (suffix.size() >= 2 && (suffix[0] == 'e' || suffix[0] == 'E')) {
+    int exponent = 0;
+    const char* first = suffix.data() + 1;
+    if (*first == '+') ++first;
+    const auto [end, error] = std::from_chars(first, suffix.data() + suffix.size(), exponent);
+    if (error != std::errc() || end != suffix.data() + suffix.size() || exponent < -40 ||
+        exponent > 40) {
+      return false;
+    }
+    quantity.power = exponent;
+    return true;
+  }
+  return false;
+}
+
+// value * scale / divisor, rounded up or required exact, and at most `most`.
+bool quantity_in(std::string_view text, std::int64_t scale, std::int64_t divisor, bool round_up,
+                 std::int64_t most, std::int64_t& out) {
+  Quantity quantity;
+  if (!read_quantity(text, quantity)) return false;
+  constexpr Wide kLimit = static_cast<Wide>(1) << 100;
+  auto times = [&](Wide& value, Wide factor) {
+    if (value != 0 && factor > kLimit / value) return false;
+    value *= factor;
+    return true;
+  };
+  Wide numerator = quantity.digits, denominator = divisor;
+  if (!times(numerator, scale) || !times(numerator, static_cast<Wide>(1) << quantity.binary)) {
+    return false;
+  }
+  const int power = quantity.power - quantity.fraction;
+  for (int i = 0; i < power; ++i) {
+    if (!times(numerator, 10)) return false;
+  }
+  for (int i = 0; i > power; --i) {
+    if (!times(denominator, 10)) return false;
+  }
+  Wide value = numerator / denominator;
+  if (numerator % denominator != 0) {
+    if (!round_up) return false;
+    ++value;
+  }
+  if (value > most) return false;
+  out = static_cast<std::int64_t>(value);
+  return true;
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -31,6 +128,40 @@ std::vector<std::string> split_list(const std::string& text) {
   return items;
 }
 
+// An integer member of `object` from lo to hi; throws naming it otherwise.
+std::int64_t integer_field(const nlohmann::json& object, const char* name, std::int64_t lo,
+                           std::int64_t hi) {
+  const auto found = object.find(name);
+  if (found == object.end()) throw std::runtime_error(fmt::format("{} is missing", name));
+  const bool in_range = found->is_number_unsigned()
+                            ? found->get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
+                                  static_cast<std::int64_t>(found->get<std::uint64_t>()) >= lo
+                            : found->is_number_integer() && found->get<std::int64_t>() >= lo &&
+                                  found->get<std::int64_t>() <= hi;
+  if (!in_range) {
+    throw std::runtime_error(fmt::format("{}={} is not an integer from {} to {}", name,
+                                         dump_outside_json(*found), lo, hi));
+  }
+  return found->get<std::int64_t>();
+}
+
+// A Kubernetes object's name: present, and no longer than the API server allows.
+std::string object_name(const nlohmann::json& object, const char* what) {
+  const nlohmann::json* name = nullptr;
+  if (object.is_object() && object.contains("metadata") && object["metadata"].is_object() &&
+      object["metadata"].contains("name")) {
+    name = &object["metadata"]["name"];
+  }
+  if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
+    throw std::runtime_error(fmt::format("a {} without metadata.name", what));
+  }
+  if (name->get<std::string>().size() > kMostNameLength) {
+    throw std::runtime_error(
+        fmt::format("a {} whose metadata.name is longer than {} bytes", what, kMostNameLength));
+  }
+  return name->get<std::string>();
+}
+
 std::string text_of(const nlohmann::json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_number()) return value.dump();
@@ -38,9 +169,10 @@ std::string text_of(const nlohmann::json& value) {
 }
 
 // Sums a resource over the pod's containers, from limits (the GPU resources) or requests.
+// The sum is held to `most` too: a pod of many containers must not overflow it.
 template <typename Parse>
 std::int64_t sum_resource(const nlohmann::json& pod, const std::string& pod_name, const char* kind,
-                          const std::string& resource, Parse parse) {
+                          const std::string& resource, Parse parse, std::int64_t most) {
   std::int64_t total = 0;
   const auto containers = pod.value("/spec/containers"_json_pointer, nlohmann::json::array());
   for (const auto& container : containers) {
@@ -54,114 +186,90 @@ std::int64_t sum_resource(const nlohmann::json& pod, const std::string& pod_name
     if (source == nullptr) continue;
     std::int64_t value = 0;
     if (!parse(text_of(*source), value)) {
-      throw std::runtime_error(fmt::format("pod {}: {}.{}={} is not a quantity", pod_name, kind,
-                                           resource, source->dump()));
+      throw std::runtime_error(fmt::format("pod {}: {}.{}={} is not a quantity (or out of range)",
+                                           pod_name, kind, resource, dump_outside_json(*source)));
     }
     total += value;
+    if (total > most) {
+      throw std::runtime_error(
+          fmt::format("pod {}: {}.{} sums to more than {}", pod_name, kind, resource, most));
+    }
   }
   return total;
-}
-
-bool parse_count(std::string_view text, std::int64_t& value) {
-  double number = 0;
-  if (!parse_number(text, number) ||
-      number != static_cast<double>(static_cast<std::int64_t>(number))) {
-    return false;
-  }
-  value = static_cast<std::int64_t>(number);
-  return true;
 }
 
 }  // namespace
 
 bool parse_cpu_milli(std::string_view text, std::int64_t& milli) {
-  double value = 0;
-  if (!text.empty() && text.back() == 'm') {
-    if (!parse_number(text.substr(0, text.size() - 1), value)) return false;
-    milli = static_cast<std::int64_t>(value);
-    return true;
-  }
-  if (!parse_number(text, value)) return false;
-  milli = static_cast<std::int64_t>(value * 1000);
-  return true;
+  // Kubernetes rounds a CPU quantity up to whole milli-CPU.
+  return quantity_in(text, 1000, 1, true, kMostCpuMilli, milli);
 }
 
 bool parse_memory_mib(std::string_view text, std::int64_t& mib) {
-  static const std::pair<const char*, double> kSuffixes[] = {
-      {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
-      {"k", 1e3},     {"M", 1e6},        {"G", 1e9},           {"T", 1e12}};
-  double multiplier = 1;
-  std::string_view number = text;
-  for (const auto& [suffix, factor] : kSuffixes) {
-    const std::string_view s(suffix);
-    if (text.size() > s.size() && text.substr(text.size() - s.size()) == s) {
-      number = text.substr(0, text.size() - s.size());
-      multiplier = factor;
-      break;
-    }
-  }
-  double value = 0;
-  if (!parse_number(number, value)) return false;
-  const double bytes = value * multiplier;
-  mib = static_cast<std::int64_t>((bytes + 1048575.0) / 1048576.0);
-  return true;
+  return quantity_in(text, 1, 1 << 20, true, kMostMemoryMib, mib);
+}
+
+bool parse_count(std::string_view text, std::int64_t& count) {
+  return quantity_in(text, 1, 1, false, kMostCount, count);
 }
 
 NodeInfo node_from_json(const nlohmann::json& node) {
   NodeInfo info;
-  info.spec.name = node.value("/metadata/name"_json_pointer, std::string());
-  if (info.spec.name.empty()) throw std::runtime_error("a node without metadata.name");
+  info.spec.name = object_name(node, "node");
   const auto allocatable = node.value("/status/allocatable"_json_pointer, nlohmann::json::object());
   const std::string cpu = text_of(allocatable.value("cpu", nlohmann::json()));
   const std::string memory = text_of(allocatable.value("memory", nlohmann::json()));
   if (!parse_cpu_milli(cpu, info.spec.cpu_milli)) {
     throw std::runtime_error(
-        fmt::format("node {}: status.allocatable.cpu='{}' is not a quantity", info.spec.name, cpu));
+        fmt::format("node {}: status.allocatable.cpu='{}' is not a quantity (or out of range)",
+                    info.spec.name, cpu));
   }
   if (!parse_memory_mib(memory, info.spec.memory_mib)) {
-    throw std::runtime_error(fmt::format(
-        "node {}: status.allocatable.memory='{}' is not a quantity", info.spec.name, memory));
+    throw std::runtime_error(
+        fmt::format("node {}: status.allocatable.memory='{}' is not a quantity (or out of range)",
+                    info.spec.name, memory));
   }
   const auto annotations =
       node.value("/metadata/annotations"_json_pointer, nlohmann::json::object());
   if (!annotations.contains(kGpusAnnotation)) return info;  // no GPUs Tessera knows of
-  nlohmann::json gpus;
   try {
-    gpus = nlohmann::json::parse(annotations[kGpusAnnotation].get<std::string>());
-    info.spec.model = gpus.at("model").get<std::string>();
-    info.spec.gpus = gpus.at("count").get<int>();
-    info.gpu_memory_mib = gpus.at("memory_mib").get<std::int64_t>();
+    const nlohmann::json& text = annotations[kGpusAnnotation];
+    if (!text.is_string()) throw std::runtime_error("not a string");
+    const nlohmann::json gpus = parse_outside_json(text.get<std::string>());
+    if (!gpus.is_object()) throw std::runtime_error("not an object");
+    const nlohmann::json* model = gpus.contains("model") ? &gpus["model"] : nullptr;
+    if (model == nullptr || !model->is_string() || model->get<std::string>().empty() ||
+        model->get<std::string>().size() > kMostNameLength) {
+      throw std::runtime_error("model must name the GPU model");
+    }
+    info.spec.model = model->get<std::string>();
+    info.spec.gpus = static_cast<int>(integer_field(gpus, "count", 0, kMaxGpusPerNode));
+    info.gpu_memory_mib = integer_field(gpus, "memory_mib", 1, kMostCount);
   } catch (const std::exception& error) {
     throw std::runtime_error(
         fmt::format("node {}: annotation {} is not {{\"model\", \"count\", \"memory_mib\"}}: {}",
                     info.spec.name, kGpusAnnotation, error.what()));
-  }
-  if (info.spec.gpus < 0 || info.spec.gpus > kMaxGpusPerNode || info.gpu_memory_mib <= 0 ||
-      info.spec.model.empty()) {
-    throw std::runtime_error(
-        fmt::format("node {}: annotation {}: count must be 0 to {}, memory_mib "
-                    "above 0, model named",
-                    info.spec.name, kGpusAnnotation, kMaxGpusPerNode));
   }
   return info;
 }
 
 PodRequest pod_from_json(const nlohmann::json& pod) {
   PodRequest request;
-  request.name = pod.value("/metadata/name"_json_pointer, std::string());
+  request.name = object_name(pod, "pod");
   request.namespace_name = pod.value("/metadata/namespace"_json_pointer, std::string("default"));
   request.uid = pod.value("/metadata/uid"_json_pointer, std::string());
-  if (request.name.empty()) throw std::runtime_error("a pod without metadata.name");
   const std::string label = request.namespace_name + "/" + request.name;
-  request.cpu_milli = sum_resource(pod, label, "requests", "cpu", parse_cpu_milli);
-  request.memory_mib = sum_resource(pod, label, "requests", "memory", parse_memory_mib);
-  request.gpus =
-      static_cast<int>(sum_resource(pod, label, "limits", "nvidia.com/gpu", parse_count));
-  request.gpumem_mib = sum_resource(pod, label, "limits", "nvidia.com/gpumem", parse_count);
+  request.cpu_milli = sum_resource(pod, label, "requests", "cpu", parse_cpu_milli, kMostCpuMilli);
+  request.memory_mib =
+      sum_resource(pod, label, "requests", "memory", parse_memory_mib, kMostMemoryMib);
+  request.gpus = static_cast<int>(
+      sum_resource(pod, label, "limits", "nvidia.com/gpu", parse_count, kMostCount));
+  request.gpumem_mib =
+      sum_resource(pod, label, "limits", "nvidia.com/gpumem", parse_count, kMostCount);
   request.gpumem_percent = static_cast<int>(
-      sum_resource(pod, label, "limits", "nvidia.com/gpumem-percentage", parse_count));
-  request.gpucores =
-      static_cast<int>(sum_resource(pod, label, "limits", "nvidia.com/gpucores", parse_count));
+      sum_resource(pod, label, "limits", "nvidia.com/gpumem-percentage", parse_count, kMostCount));
+  request.gpucores = static_cast<int>(
+      sum_resource(pod, label, "limits", "nvidia.com/gpucores", parse_count, kMostCount));
   if (request.gpumem_percent > 100 || request.gpucores > 100) {
     throw std::runtime_error(
         fmt::format("pod {}: nvidia.com/gpumem-percentage and nvidia.com/gpucores "
@@ -217,6 +325,37 @@ std::string model_refusal(const PodRequest& pod, const std::string& model) {
     return fmt::format("GPU model {} is in nvidia.com/nouse-gputype", model);
   }
   return {};
+}
+
+RecordedAssignment assignment_from_annotation(const nlohmann::json& text) {
+  if (!text.is_string()) throw std::runtime_error("it is not a string");
+  const nlohmann::json record = parse_outside_json(text.get<std::string>());
+  if (!record.is_object()) throw std::runtime_error("it is not a JSON object");
+  RecordedAssignment assignment;
+  const auto node = record.find("node");
+  if (node == record.end() || !node->is_string() || node->get<std::string>().empty() ||
+      node->get<std::string>().size() > kMostNameLength) {
+    throw std::runtime_error("node must name a node");
+  }
+  assignment.node = node->get<std::string>();
+  const auto gpus = record.find("gpus");
+  if (gpus == record.end() || !gpus->is_array() || gpus->size() > kMaxGpusPerNode) {
+    throw std::runtime_error(
+        fmt::format("gpus must be a list of at most {} GPU indices", kMaxGpusPerNode));
+  }
+  bool taken[kMaxGpusPerNode] = {};
+  for (const nlohmann::json& gpu : *gpus) {
+    if (!gpu.is_number_integer() || gpu.get<std::int64_t>() < 0 ||
+        gpu.get<std::int64_t>() >= kMaxGpusPerNode) {
+      throw std::runtime_error(fmt::format("gpus holds {}, not an index from 0 to {}",
+                                           dump_outside_json(gpu), kMaxGpusPerNode - 1));
+    }
+    const int index = gpu.get<int>();
+    if (taken[index]) throw std::runtime_error(fmt::format("gpus names GPU {} twice", index));
+    taken[index] = true;
+    assignment.gpus.push_back(index);
+  }
+  return assignment;
 }
 
 }  // namespace tessera::sched::kube

@@ -21,10 +21,18 @@ inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
 inline constexpr const char* kAssignmentAnnotation = "tessera.io/assignment";
 inline constexpr const char* kPolicyAnnotation = "tessera.io/policy";
 
-// Kubernetes quantities: "2", "500m" (CPU, to milli-CPU); "1Gi", "512Mi", "1G", "1000" (memory,
-// to MiB, rounded up). False on anything else.
+// Kubernetes quantities, read exactly: "2", "500m", "1.5", "2e3" (CPU, to milli-CPU, rounded
+// up); "1Gi", "512Mi", "1G", "1000" (memory, to MiB, rounded up); whole counts for GPU
+// resources. False on anything else, and on values past these bounds (no resource of a real
+// node comes near them; they keep every sum far from overflow).
+inline constexpr std::int64_t kMostCpuMilli = std::int64_t{1} << 40;   // a billion CPUs
+inline constexpr std::int64_t kMostMemoryMib = std::int64_t{1} << 40;  // an exbibyte
+inline constexpr std::int64_t kMostCount = 1 << 20;
 bool parse_cpu_milli(std::string_view text, std::int64_t& milli);
 bool parse_memory_mib(std::string_view text, std::int64_t& mib);
+bool parse_count(std::string_view text, std::int64_t& count);
+
+inline constexpr std::size_t kMostNameLength = 253;  // a DNS subdomain, as Kubernetes allows
 
 struct NodeInfo {
   NodeSpec spec;
@@ -47,6 +55,14 @@ struct PodRequest {
 
 // Throws std::runtime_error naming the pod and the field at fault.
 PodRequest pod_from_json(const nlohmann::json& pod);
+
+// A pod's tessera.io/assignment annotation: the node and the GPU indices there.
+struct RecordedAssignment {
+  std::string node;
+  std::vector<int> gpus;  // distinct, each below kMaxGpusPerNode
+};
+// Throws std::runtime_error saying what is wrong with it.
+RecordedAssignment assignment_from_annotation(const nlohmann::json& text);
 
 // The engine's request for `pod` on a node whose GPUs each have `gpu_memory_mib`: a GPU
 // count with neither memory nor cores asks for whole GPUs.

@@ -1,0 +1,28 @@
+#include "sched/json_input.h"
+
+#include <fmt/core.h>
+
+#include <stdexcept>
+
+namespace tessera::sched {
+
+nlohmann::json parse_outside_json(std::string_view text) {
+  return nlohmann::json::parse(
+      text.begin(), text.end(),
+      [](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+        if (event == nlohmann::json::parse_event_t::object_start ||
+            event == nlohmann::json::parse_event_t::array_start) {
+          if (depth >= kMostJsonDepth) {
+            throw std::runtime_error(
+                fmt::format("JSON nested deeper than {} levels is refused", kMostJsonDepth));
+          }
+        }
+        return true;
+      });
+}
+
+std::string dump_outside_json(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace tessera::sched

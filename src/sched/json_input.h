@@ -1,0 +1,22 @@
+// JSON from outside (request bodies, watch events, annotations, API server answers), parsed
+// with bounds: nlohmann's parser keeps its own stack, but copying and walking a value recurse,
+// so a body nested a hundred thousand deep would overflow the stack later. Nesting beyond
+// kMostJsonDepth is refused while parsing, before such a value exists.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace tessera::sched {
+
+inline constexpr int kMostJsonDepth = 64;  // Kubernetes objects nest about 12 deep
+
+// Throws nlohmann::json::exception (parse errors) or std::runtime_error (too deep).
+nlohmann::json parse_outside_json(std::string_view text);
+
+// Serialises a value holding strings from outside: bytes that are not UTF-8 become U+FFFD
+// instead of throwing.
+std::string dump_outside_json(const nlohmann::json& value);
+
+}  // namespace tessera::sched
