@@ -181,12 +181,15 @@ TEST(Cli, BadInputIsRefusedWithTheReasonAndUsageStatus) {
   } cases[] = {
       {{"run", "--memory", "8XB", "--", "true"}, "--memory '8XB' is not a size", 2},
       {{"run", "--memory", "1GiB", "--group", "a b", "--", "true"}, "--group 'a b' must be", 2},
-      {{"run", "--memory", "1GiB", "--device", "99", "--", "true"}, "--device 99 is out of range",
+      {{"run", "--memory", "1GiB", "--device", "99", "--", "true"},
+       "--device 99 is out of range",
        2},
       // The machine has two GPUs: 2 names none of them.
       {{"run", "--memory", "1GiB", "--device", "2", "--", "true"},
-       "--device 2: this machine has 2 GPUs (0 to 1)", 2},
-      {{"run", "--memory", "1GiB", "--cores", "0", "--", "true"}, "--cores 0 must be a percentage",
+       "--device 2: this machine has 2 GPUs (0 to 1)",
+       2},
+      {{"run", "--memory", "1GiB", "--cores", "0", "--", "true"},
+       "--cores 0 must be a percentage",
        2},
       {{"run", "--memory", "1GiB", "--burst", "--", "true"}, "--burst needs --cores", 2},
       {{"run", "--memory", "1GiB"}, "command is required", 2},
@@ -195,8 +198,7 @@ TEST(Cli, BadInputIsRefusedWithTheReasonAndUsageStatus) {
       {{"sim", "--nodes", "n.csv"}, "--pods is required", 2},
       {{"scheduler", "--listen", "127.0.0.1:abc"}, "--listen '127.0.0.1:abc'", 2},
       {{"frobnicate"}, "frobnicate", 2},
-      {{"run", "--memory", "1GiB", "--", "/no/such/program"}, "cannot run '/no/such/program'",
-       127},
+      {{"run", "--memory", "1GiB", "--", "/no/such/program"}, "cannot run '/no/such/program'", 127},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv{tessera()};
@@ -217,7 +219,7 @@ TEST(Cli, CoresAloneGiveAComputeShareWithUnlimitedMemory) {
                              "TESSERA_CORE_LIMIT", "TESSERA_MEMORY_LIMIT"},
                             cli_environment(scratch));
   EXPECT_EQ(told.out, "30\n") << told.err;  // and no memory limit variable at all
-  EXPECT_EQ(told.exit_code, 1);                // printenv: one of the two is unset
+  EXPECT_EQ(told.exit_code, 1);             // printenv: one of the two is unset
 }
 
 TEST(Cli, AGroupCannotBeJoinedWithADifferentLimit) {
@@ -254,9 +256,18 @@ Finished sim_on(const ScratchDirectory& scratch, const std::string& nodes, const
                 std::vector<std::string> extra = {}) {
   std::ofstream(scratch.file("nodes.csv")) << nodes;
   std::ofstream(scratch.file("pods.csv")) << pods;
-  std::vector<std::string> argv{"/usr/bin/timeout", "-s", "KILL", "60", tessera(), "sim",
-                                "--nodes", scratch.file("nodes.csv"), "--pods",
-                                scratch.file("pods.csv"), "--policies", "best-fit,fgd"};
+  std::vector<std::string> argv{"/usr/bin/timeout",
+                                "-s",
+                                "KILL",
+                                "60",
+                                tessera(),
+                                "sim",
+                                "--nodes",
+                                scratch.file("nodes.csv"),
+                                "--pods",
+                                scratch.file("pods.csv"),
+                                "--policies",
+                                "best-fit,fgd"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return run(argv);
 }
@@ -273,20 +284,37 @@ TEST(Sim, AnswersOrRefusesEveryTraceWithoutHangingOrAborting) {
     const char* expected;
   } cases[] = {
       // Pods that ask for no GPU never reach a GPU load: refused, not looped on forever.
-      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,0,0\n", {}, 1,
+      {kTwoNodes,
+       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,0,0\n",
+       {},
+       1,
        "no pod in the trace asks for a GPU"},
       {"sn,cpu_milli,memory_mib,gpu,model\nc1,32000,262144,0,\n",
-       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n", {}, 1,
+       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {},
+       1,
        "no node in the list has a GPU"},
       // A trace without times cannot be replayed: said, without an uncaught exception.
-      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
-       {"--replay"}, 1, "has no creation time"},
-      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
-       {"--seeds", "42abc"}, 2, "--seeds '42abc'"},
-      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
-       {"--seeds", "51-42"}, 2, "--seeds '51-42'"},
-      {kTwoNodes, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
-       {"--seeds", "99999999999999999999999"}, 2, "--seeds"},
+      {kTwoNodes,
+       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {"--replay"},
+       1,
+       "has no creation time"},
+      {kTwoNodes,
+       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {"--seeds", "42abc"},
+       2,
+       "--seeds '42abc'"},
+      {kTwoNodes,
+       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {"--seeds", "51-42"},
+       2,
+       "--seeds '51-42'"},
+      {kTwoNodes,
+       "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,500\n",
+       {"--seeds", "99999999999999999999999"},
+       2,
+       "--seeds"},
   };
   for (const Case& c : cases) {
     const Finished done = sim_on(scratch, c.nodes, c.pods, c.extra);

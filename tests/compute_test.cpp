@@ -188,8 +188,8 @@ TEST_P(CompetingGroups, EachGetsItsShareInEveryWindow) {
       const double window_allowed = group_allowed(members[g], start, end);
       worst = std::min(worst, in_window);
       EXPECT_GE(in_window, percent / 2 * window_allowed)
-          << "group " << g << " window at +" << (start - from) / 1'000'000 << " ms, the host let it run "
-          << 100 * window_allowed << " %";
+          << "group " << g << " window at +" << (start - from) / 1'000'000
+          << " ms, the host let it run " << 100 * window_allowed << " %";
     }
     const std::string name = "group" + std::to_string(g) + "_";
     report(name + "asked", percent);

@@ -28,9 +28,9 @@
 namespace tessera::test {
 
 struct HostSample {
-  std::uint64_t at_ns;        // CLOCK_MONOTONIC
-  std::uint64_t delay_ns;     // the thread's run-queue delay so far
-  std::uint64_t steal_ns;     // the machine's steal time so far, all CPUs
+  std::uint64_t at_ns;     // CLOCK_MONOTONIC
+  std::uint64_t delay_ns;  // the thread's run-queue delay so far
+  std::uint64_t steal_ns;  // the machine's steal time so far, all CPUs
 };
 
 // Reads the counters of the thread whose schedstat file is open as `schedstat`.
@@ -49,8 +49,8 @@ inline HostSample sample_host(int schedstat, int machine_stat) {
     unsigned long long field[8] = {};
     if (std::sscanf(text, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &field[0], &field[1],
                     &field[2], &field[3], &field[4], &field[5], &field[6], &field[7]) == 8) {
-      sample.steal_ns = field[7] * (1'000'000'000ull / static_cast<unsigned long long>(
-                                                           sysconf(_SC_CLK_TCK)));
+      sample.steal_ns =
+          field[7] * (1'000'000'000ull / static_cast<unsigned long long>(sysconf(_SC_CLK_TCK)));
     }
   }
   return sample;
@@ -153,8 +153,8 @@ class HostRecord {
         samples_.begin(), samples_.end(), time,
         [](std::uint64_t when, const HostSample& sample) { return when < sample.at_ns; });
     const HostSample& before = *(after - 1);
-    const double fraction = static_cast<double>(time - before.at_ns) /
-                            static_cast<double>(after->at_ns - before.at_ns);
+    const double fraction =
+        static_cast<double>(time - before.at_ns) / static_cast<double>(after->at_ns - before.at_ns);
     return total(before) + fraction * (total(*after) - total(before));
   }
 

@@ -41,8 +41,8 @@ class Running {
   std::string read_line();  // blocks until a line (or EOF: "")
   void write_line(const std::string& line);
   void close_stdin();
-  void kill_hard();  // SIGKILL
-  int wait();        // exit code, 128 + signal if killed
+  void kill_hard();   // SIGKILL
+  int wait();         // exit code, 128 + signal if killed
   Finished finish();  // reads the rest of stdout, then waits (stderr is not captured)
   pid_t pid() const { return pid_; }
 

@@ -56,8 +56,8 @@ std::string why_not_a_cluster(const std::vector<NodeSpec>& nodes) {
   return {};
 }
 
-std::string why_not_inflatable(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
-                               double max_load) {
+std::string why_not_inflatable(const std::vector<NodeSpec>& nodes,
+                               const std::vector<PodSpec>& trace, double max_load) {
   double requested = 0;
   for (const PodSpec& pod : trace) requested += static_cast<double>(pod.gpu_milli_total());
   if (trace.empty() || requested == 0) {

@@ -43,8 +43,8 @@ struct RunResult {
 std::string why_not_a_cluster(const std::vector<NodeSpec>& nodes);
 // Why `trace` cannot be sampled up to `max_load` of the cluster's GPUs in bounded time (no
 // pod asks for a GPU, or so little that it would take more arrivals than are simulated).
-std::string why_not_inflatable(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
-                               double max_load);
+std::string why_not_inflatable(const std::vector<NodeSpec>& nodes,
+                               const std::vector<PodSpec>& trace, double max_load);
 // Why `trace` cannot be replayed in time (a pod without a creation time).
 std::string why_not_replayable(const std::vector<PodSpec>& trace);
 

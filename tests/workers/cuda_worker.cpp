@@ -491,10 +491,11 @@ int latency(const char* name, int count, std::uint64_t idle_us) {
   std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\n", getpid(),
               static_cast<unsigned long long>(begin),
               static_cast<unsigned long long>(monotonic_ns()));
-  for (const auto& [key, values] : {std::pair{"launched_ns", &launched},
-                                    std::pair{"call_delay_ns", &call_delay}}) {
+  for (const auto& [key, values] :
+       {std::pair{"launched_ns", &launched}, std::pair{"call_delay_ns", &call_delay}}) {
     std::printf("%s=", key);
-    for (std::uint64_t value : *values) std::printf("%llu,", static_cast<unsigned long long>(value));
+    for (std::uint64_t value : *values)
+      std::printf("%llu,", static_cast<unsigned long long>(value));
     std::printf("\n");
   }
   host.print();
