@@ -458,6 +458,33 @@ TEST_F(Extender, MalformedBodiesAreRefusedWithHttp400AndAReason) {
 
 // --- hostile and broken input -----------------------------------------------------------------
 
+// Found by fuzz_kube_objects: fields of the wrong JSON type reached nlohmann's typed getters.
+TEST_F(Extender, FieldsOfTheWrongTypeAreRefusedByName) {
+  struct Case {
+    std::string body, expected;
+  } cases[] = {
+      {R"({"Pod": {"metadata": {"name": "x", "namespace": 7}}, "NodeNames": ["gpu-a"]})",
+       "pod x: metadata.namespace is not a string"},
+      {R"({"Pod": {"metadata": {"name": "x", "uid": ["u"]}}, "NodeNames": ["gpu-a"]})",
+       "pod x: metadata.uid is not a string"},
+      {R"({"Pod": {"metadata": {"name": "x"}, "spec": {"containers": {"c": 1}}}, "NodeNames": []})",
+       "pod default/x: spec.containers is not a list"},
+      {R"({"Pod": {"metadata": {"name": "x"}, "spec": {"containers": [{"resources": "all"}]}}, "NodeNames": []})",
+       "pod default/x: a container's resources is not an object"},
+      {R"({"Pod": {"metadata": {"name": "x", "annotations": [1]}}, "NodeNames": []})",
+       "pod default/x: metadata.annotations is not an object"},
+      {R"({"Pod": {"metadata": {"name": "x"}}, "Nodes": {"items": [{"metadata": {"name": "n"}, "status": {"allocatable": 5}}]}})",
+       "node n: status.allocatable is not an object"},
+  };
+  for (const Case& c : cases) {
+    auto result = client_->Post("/filter", c.body, "application/json");
+    ASSERT_TRUE(result);
+    EXPECT_EQ(result->status, 400) << c.body;
+    EXPECT_NE(result->body.find(c.expected), std::string::npos) << c.body << " -> " << result->body;
+  }
+  EXPECT_TRUE(whole_gpus_fit(1, "gpu-a"));  // and it carries on
+}
+
 // A pod bound to `node` whose assignment annotation is `record` (any JSON value, written as
 // the annotation's text if it is a string, or as is otherwise).
 nlohmann::json bound_pod(const std::string& name, const std::string& node, int gpus,

@@ -7,18 +7,22 @@
 namespace tessera::sched {
 
 nlohmann::json parse_outside_json(std::string_view text) {
-  return nlohmann::json::parse(
-      text.begin(), text.end(),
-      [](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
-        if (event == nlohmann::json::parse_event_t::object_start ||
-            event == nlohmann::json::parse_event_t::array_start) {
-          if (depth >= kMostJsonDepth) {
-            throw std::runtime_error(
-                fmt::format("JSON nested deeper than {} levels is refused", kMostJsonDepth));
+  try {
+    return nlohmann::json::parse(
+        text.begin(), text.end(),
+        [](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+          if (event == nlohmann::json::parse_event_t::object_start ||
+              event == nlohmann::json::parse_event_t::array_start) {
+            if (depth >= kMostJsonDepth) {
+              throw std::runtime_error(
+                  fmt::format("JSON nested deeper than {} levels is refused", kMostJsonDepth));
+            }
           }
-        }
-        return true;
-      });
+          return true;
+        });
+  } catch (const nlohmann::json::exception& error) {  // one kind of error for every caller
+    throw std::runtime_error(error.what());
+  }
 }
 
 std::string dump_outside_json(const nlohmann::json& value) {

@@ -12,7 +12,7 @@ namespace tessera::sched {
 
 inline constexpr int kMostJsonDepth = 64;  // Kubernetes objects nest about 12 deep
 
-// Throws nlohmann::json::exception (parse errors) or std::runtime_error (too deep).
+// Throws std::runtime_error saying why: not JSON, or nested too deep.
 nlohmann::json parse_outside_json(std::string_view text);
 
 // Serialises a value holding strings from outside: bytes that are not UTF-8 become U+FFFD

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <initializer_list>
 #include <stdexcept>
 
 #include "sched/json_input.h"
@@ -162,6 +163,49 @@ std::string object_name(const nlohmann::json& object, const char* what) {
   return name->get<std::string>();
 }
 
+// The value at `path` in an object from outside, or nullptr where a step is missing or
+// not an object; never throws.
+const nlohmann::json* find_at(const nlohmann::json& root, std::initializer_list<const char*> path) {
+  const nlohmann::json* here = &root;
+  for (const char* key : path) {
+    if (!here->is_object()) return nullptr;
+    const auto found = here->find(key);
+    if (found == here->end()) return nullptr;
+    here = &*found;
+  }
+  return here;
+}
+
+// The object or array at `path`, an empty one where absent; throws naming `field` of `owner`
+// where something else is there.
+const nlohmann::json& container_at(const nlohmann::json& root,
+                                   std::initializer_list<const char*> path, bool want_array,
+                                   const std::string& owner, const char* field) {
+  static const nlohmann::json kNoObject = nlohmann::json::object();
+  static const nlohmann::json kNoArray = nlohmann::json::array();
+  const nlohmann::json* found = find_at(root, path);
+  if (found == nullptr || found->is_null()) return want_array ? kNoArray : kNoObject;
+  if (want_array ? !found->is_array() : !found->is_object()) {
+    throw std::runtime_error(
+        fmt::format("{}: {} is not {}", owner, field, want_array ? "a list" : "an object"));
+  }
+  return *found;
+}
+
+// The string at `path`, `absent` where there is none; throws where something else is there.
+std::string string_field(const nlohmann::json& root, std::initializer_list<const char*> path,
+                         const std::string& absent, const std::string& owner, const char* field) {
+  const nlohmann::json* found = find_at(root, path);
+  if (found == nullptr || found->is_null()) return absent;
+  if (!found->is_string())
+    throw std::runtime_error(fmt::format("{}: {} is not a string", owner, field));
+  if (found->get_ref<const std::string&>().size() > kMostNameLength) {
+    throw std::runtime_error(
+        fmt::format("{}: {} is longer than {} bytes", owner, field, kMostNameLength));
+  }
+  return found->get<std::string>();
+}
+
 std::string text_of(const nlohmann::json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_number()) return value.dump();
@@ -174,9 +218,11 @@ template <typename Parse>
 std::int64_t sum_resource(const nlohmann::json& pod, const std::string& pod_name, const char* kind,
                           const std::string& resource, Parse parse, std::int64_t most) {
   std::int64_t total = 0;
-  const auto containers = pod.value("/spec/containers"_json_pointer, nlohmann::json::array());
+  const nlohmann::json& containers =
+      container_at(pod, {"spec", "containers"}, true, "pod " + pod_name, "spec.containers");
   for (const auto& container : containers) {
-    const auto section = container.value("/resources"_json_pointer, nlohmann::json::object());
+    const nlohmann::json& section =
+        container_at(container, {"resources"}, false, "pod " + pod_name, "a container's resources");
     const nlohmann::json* source = nullptr;
     if (section.contains(kind) && section[kind].contains(resource))
       source = &section[kind][resource];
@@ -216,7 +262,8 @@ bool parse_count(std::string_view text, std::int64_t& count) {
 NodeInfo node_from_json(const nlohmann::json& node) {
   NodeInfo info;
   info.spec.name = object_name(node, "node");
-  const auto allocatable = node.value("/status/allocatable"_json_pointer, nlohmann::json::object());
+  const nlohmann::json& allocatable = container_at(node, {"status", "allocatable"}, false,
+                                                   "node " + info.spec.name, "status.allocatable");
   const std::string cpu = text_of(allocatable.value("cpu", nlohmann::json()));
   const std::string memory = text_of(allocatable.value("memory", nlohmann::json()));
   if (!parse_cpu_milli(cpu, info.spec.cpu_milli)) {
@@ -229,8 +276,8 @@ NodeInfo node_from_json(const nlohmann::json& node) {
         fmt::format("node {}: status.allocatable.memory='{}' is not a quantity (or out of range)",
                     info.spec.name, memory));
   }
-  const auto annotations =
-      node.value("/metadata/annotations"_json_pointer, nlohmann::json::object());
+  const nlohmann::json& annotations = container_at(
+      node, {"metadata", "annotations"}, false, "node " + info.spec.name, "metadata.annotations");
   if (!annotations.contains(kGpusAnnotation)) return info;  // no GPUs Tessera knows of
   try {
     const nlohmann::json& text = annotations[kGpusAnnotation];
@@ -256,8 +303,9 @@ NodeInfo node_from_json(const nlohmann::json& node) {
 PodRequest pod_from_json(const nlohmann::json& pod) {
   PodRequest request;
   request.name = object_name(pod, "pod");
-  request.namespace_name = pod.value("/metadata/namespace"_json_pointer, std::string("default"));
-  request.uid = pod.value("/metadata/uid"_json_pointer, std::string());
+  request.namespace_name = string_field(pod, {"metadata", "namespace"}, "default",
+                                        "pod " + request.name, "metadata.namespace");
+  request.uid = string_field(pod, {"metadata", "uid"}, "", "pod " + request.name, "metadata.uid");
   const std::string label = request.namespace_name + "/" + request.name;
   request.cpu_milli = sum_resource(pod, label, "requests", "cpu", parse_cpu_milli, kMostCpuMilli);
   request.memory_mib =
@@ -276,8 +324,8 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
                     "are percentages of one GPU (at most 100)",
                     label));
   }
-  const auto annotations =
-      pod.value("/metadata/annotations"_json_pointer, nlohmann::json::object());
+  const nlohmann::json& annotations =
+      container_at(pod, {"metadata", "annotations"}, false, "pod " + label, "metadata.annotations");
   if (annotations.contains("nvidia.com/use-gputype")) {
     request.use_types = split_list(text_of(annotations["nvidia.com/use-gputype"]));
   }
