@@ -7,13 +7,23 @@ JOBS := $(shell nproc)
 DEBIAN_PACKAGES := cmake make g++ pkg-config python3 \
   libgtest-dev libgmock-dev libbenchmark-dev \
   libcli11-dev libfmt-dev nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev
+# Only for the checks CI runs beyond `make test`: libFuzzer (clang) and the format check.
+CHECK_PACKAGES := clang libclang-rt-14-dev clang-format
+# How long each fuzz harness runs: `make fuzz FUZZ_SECONDS=600` for a longer hunt.
+FUZZ_SECONDS := 20
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build test demo bench format clean
+.PHONY: deps check-deps install-missing build test demo bench sanitize tsan fuzz format format-check clean
 
 deps:
-	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	@$(MAKE) --no-print-directory install-missing PACKAGES="$(DEBIAN_PACKAGES)"
+
+check-deps: deps
+	@$(MAKE) --no-print-directory install-missing PACKAGES="$(CHECK_PACKAGES)"
+
+install-missing:
+	@missing=$$(for p in $(PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing build dependencies:" $$missing; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
@@ -33,8 +43,29 @@ bench: build
 	bench/run.sh $(BUILD_DIR)
 	bench/compute_sweep.sh $(BUILD_DIR)
 
+# ASan + UBSan over the host-side code and the whole suite.
+sanitize: deps
+	cmake --preset sanitize
+	cmake --build --preset sanitize -j $(JOBS)
+	ctest --preset sanitize -j $(JOBS)
+
+# TSan over the extender and its concurrency tests.
+tsan: deps
+	cmake --preset tsan
+	cmake --build --preset tsan -j $(JOBS)
+	ctest --preset tsan
+
+# Every libFuzzer harness for FUZZ_SECONDS over its corpus (fuzz/corpus).
+fuzz: check-deps
+	cmake --preset fuzz -DTESSERA_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	cmake --build --preset fuzz -j $(JOBS)
+	ctest --preset fuzz
+
+format-check: check-deps
+	find src tests bench examples scripts fuzz -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.inc' | xargs clang-format --dry-run -Werror
+
 format:
-	find src tests bench examples scripts -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.inc' | xargs clang-format -i
+	find src tests bench examples scripts fuzz -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.inc' | xargs clang-format -i
 
 clean:
 	rm -rf $(BUILD_DIR)

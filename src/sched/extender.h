@@ -62,6 +62,12 @@ class Extender {
   // Never throws.
   void follow(Resource resource, const std::atomic<bool>& stop, const Reporter& report);
 
+  enum class WatchEnd { not_yet, expired, broken };
+  // Applies one line of a watch of `resource` (what follow does with each); says whether the
+  // watch must end, and if it broke, why. `version` follows the events' resourceVersion.
+  WatchEnd apply_event(Resource resource, const std::string& line, std::string& version,
+                       std::string& why);
+
  private:
   // What a pod holds on a node, and what of it is applied to the cluster model.
   struct Hold {
@@ -80,11 +86,7 @@ class Extender {
     bool names_only = false;
   };
 
-  enum class WatchEnd { not_yet, expired, broken };
   bool list(Resource resource, std::string& version, std::string& error);
-  // Applies one line of a watch; says whether the watch must end, and if it broke, why.
-  WatchEnd apply_event(Resource resource, const std::string& line, std::string& version,
-                       std::string& why);
   // What a listed or watched pod holds, if anything; problems go to report_.
   std::optional<Hold> hold_of(const nlohmann::json& pod, const std::string& uid);
 

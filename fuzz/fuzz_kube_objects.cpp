@@ -1,0 +1,56 @@
+// Pod and node objects as the API server and kube-scheduler send them, with their
+// annotations (tessera.io/assignment on pods, tessera.io/gpus on nodes): whatever the JSON,
+// reading it gives a checked object or a std::runtime_error, and what is accepted is in range.
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string_view>
+
+#include "fuzz_input.h"
+#include "sched/json_input.h"
+#include "sched/kube.h"
+
+using namespace tessera::sched;
+using tessera::fuzz::broken;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  nlohmann::json object;
+  try {
+    object = parse_outside_json(std::string_view(reinterpret_cast<const char*>(data), size));
+  } catch (const std::runtime_error&) {
+    return 0;  // not JSON, or nested too deep: refused before anything reads it
+  }
+  try {
+    const kube::NodeInfo node = kube::node_from_json(object);
+    if (node.spec.gpus < 0 || node.spec.gpus > kMaxGpusPerNode) broken("node GPU count");
+    if (node.spec.cpu_milli < 0 || node.spec.memory_mib < 0) broken("node capacity");
+    if (node.spec.name.size() > kube::kMostNameLength) broken("node name length");
+  } catch (const std::runtime_error&) {
+  }
+  try {
+    const kube::PodRequest pod = kube::pod_from_json(object);
+    if (pod.gpus < 0 || pod.cpu_milli < 0 || pod.memory_mib < 0 || pod.gpumem_mib < 0) {
+      broken("pod request negative");
+    }
+    if (pod.gpumem_percent < 0 || pod.gpumem_percent > 100 || pod.gpucores < 0 ||
+        pod.gpucores > 100) {
+      broken("pod percentages");
+    }
+  } catch (const std::runtime_error&) {
+  }
+  // The annotation's value is a string holding JSON; fuzz both the string and the object.
+  for (const nlohmann::json& annotation :
+       {object, nlohmann::json(std::string(reinterpret_cast<const char*>(data), size))}) {
+    try {
+      const kube::RecordedAssignment assignment = kube::assignment_from_annotation(annotation);
+      if (assignment.gpus.size() > static_cast<std::size_t>(kMaxGpusPerNode)) {
+        broken("an assignment names more GPUs than a node holds");
+      }
+      for (const int gpu : assignment.gpus) {
+        if (gpu < 0 || gpu >= kMaxGpusPerNode) broken("an assignment's GPU index");
+      }
+    } catch (const std::runtime_error&) {
+    }
+  }
+  return 0;
+}
