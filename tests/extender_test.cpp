@@ -36,11 +36,14 @@ std::string fixture(const std::string& name) {
 class FakeApiServer {
  public:
   FakeApiServer() {
+    // Both counters exist before any handler runs: handlers and the test then only find them.
+    lists["nodes"] = 0;
+    lists["pods"] = 0;
     for (const std::string resource : {"nodes", "pods"}) {
       server_.Get("/api/v1/" + resource, [this, resource](const httplib::Request& request,
                                                           httplib::Response& response) {
         if (!request.has_param("watch")) {
-          ++lists[resource];
+          ++lists.at(resource);
           nlohmann::json listed = nlohmann::json::parse(fixture(resource + ".json"));
           std::lock_guard<std::mutex> locked(mutex_);
           for (const std::string& item : extra_items_[resource]) {
@@ -72,7 +75,8 @@ class FakeApiServer {
     }
     server_.Get(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
                 [this](const httplib::Request& request, httplib::Response& response) {
-                  std::lock_guard<std::mutex> locked(mutex_);
+                  std::unique_lock<std::mutex> locked(mutex_);
+                  pod_reads_released_.wait(locked, [this] { return !hold_pod_reads_; });
                   const auto found = pods_.find(request.matches[2].str());
                   if (found == pods_.end()) {
                     response.status = 404;
@@ -160,6 +164,18 @@ class FakeApiServer {
   }
   std::atomic<int> failures{0};
   std::atomic<int> delay_ms{0};
+  // Between these two, reads of one pod (a bind's first call) wait instead of answering.
+  void hold_pod_reads() {
+    std::lock_guard<std::mutex> locked(mutex_);
+    hold_pod_reads_ = true;
+  }
+  void release_pod_reads() {
+    {
+      std::lock_guard<std::mutex> locked(mutex_);
+      hold_pod_reads_ = false;
+    }
+    pod_reads_released_.notify_all();
+  }
   std::atomic<bool> binding_conflict{false};
   std::atomic<bool> expire_every_watch{false};
 
@@ -173,6 +189,8 @@ class FakeApiServer {
   int port_ = 0;
   std::mutex mutex_;
   std::condition_variable events_changed_;
+  std::condition_variable pod_reads_released_;
+  bool hold_pod_reads_ = false;  // guarded by mutex_
   std::map<std::string, std::deque<std::string>> events_;
   std::atomic<bool> stopping_{false};
   std::vector<std::pair<std::string, std::string>> calls_;
@@ -185,12 +203,12 @@ class Extender : public ::testing::Test {
   void SetUp() override { start(); }
   void TearDown() override { stop(); }
   // `wrapper` runs before the scheduler's own arguments (e.g. a shell that closes stderr).
-  void start(const std::vector<std::string>& wrapper = {}) {
+  void start(const std::vector<std::string>& wrapper = {}, int api_timeout_ms = 300) {
     std::vector<std::string> argv = wrapper;
     for (const std::string& argument :
          {tessera(), std::string("scheduler"), std::string("--listen"), std::string("127.0.0.1:0"),
-          std::string("--api-server"), api_.url(), std::string("--timeout-ms"), std::string("300"),
-          std::string("--policy"), std::string("best-fit")}) {
+          std::string("--api-server"), api_.url(), std::string("--timeout-ms"),
+          std::to_string(api_timeout_ms), std::string("--policy"), std::string("best-fit")}) {
       argv.push_back(argument);
     }
     scheduler_ = std::make_unique<Running>(argv, Environment{});
@@ -324,8 +342,8 @@ TEST_F(Extender, WatchedPodsAndNodesTakeAndGiveRoomAsTheyComeAndGo) {
 
 TEST_F(Extender, AWatchWhoseVersionExpiredListsAgain) {
   // Listed once at start and once by the pods' watcher before it watches.
-  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 2; }));
-  const int before = api_.lists["pods"];
+  ASSERT_TRUE(eventually([&] { return api_.lists.at("pods") >= 2; }));
+  const int before = api_.lists.at("pods");
   api_.push("pods", {{"type", "ERROR"},
                      {"object",
                       {{"kind", "Status"},
@@ -333,15 +351,15 @@ TEST_F(Extender, AWatchWhoseVersionExpiredListsAgain) {
                        {"reason", "Expired"},
                        {"code", 410},
                        {"message", "too old resource version: 48220 (48990)"}}}});
-  EXPECT_TRUE(eventually([&] { return api_.lists["pods"] > before; }));
+  EXPECT_TRUE(eventually([&] { return api_.lists.at("pods") > before; }));
 }
 
 TEST_F(Extender, AnUnreadableWatchEventListsAgainRatherThanGuess) {
   // Listed once at start and once by the pods' watcher before it watches.
-  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 2; }));
-  const int before = api_.lists["pods"];
+  ASSERT_TRUE(eventually([&] { return api_.lists.at("pods") >= 2; }));
+  const int before = api_.lists.at("pods");
   api_.push("pods", {{"type", "MODIFIED"}, {"object", {{"metadata", 42}}}});
-  EXPECT_TRUE(eventually([&] { return api_.lists["pods"] > before; }));
+  EXPECT_TRUE(eventually([&] { return api_.lists.at("pods") > before; }));
 }
 
 TEST_F(Extender, PrioritizeScoresZeroToTenByPolicy) {
@@ -547,7 +565,7 @@ TEST_F(Extender, DeeplyNestedJsonIsRefusedAndTheSchedulerCarriesOn) {
 }
 
 TEST_F(Extender, WatchEventsOfTheWrongShapeAreReportedAndTheWatchGoesOn) {
-  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 2; }));
+  ASSERT_TRUE(eventually([&] { return api_.lists.at("pods") >= 2; }));
   for (const nlohmann::json& event :
        {nlohmann::json{{"type", 5}}, nlohmann::json::array({1, 2}), nlohmann::json("text"),
         nlohmann::json{{"type", "ERROR"}, {"object", {{"code", "410"}}}},
@@ -630,23 +648,12 @@ TEST_F(Extender, APodChangedSinceItWasReadIsNotRecorded) {
 }
 
 TEST_F(Extender, IdleClientsAndBindsStuckOnTheApiServerDoNotHoldUpFilter) {
-  // Twenty clients connect and send half a request; each holds a server thread until its
-  // read times out and the server closes it.
-  std::vector<int> idle;
-  for (int i = 0; i < 20; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<std::uint16_t>(port_));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-    const std::string half = "POST /filter HTTP/1.1\r\nHost: x\r\n";
-    ASSERT_EQ(send(fd, half.data(), half.size(), 0), static_cast<ssize_t>(half.size()));
-    idle.push_back(fd);
-  }
-  // Twenty binds wait on a binding call that outlasts its timeout on every attempt.
+  stop();
+  start({}, 60000);  // binds wait on the API server for as long as it holds them
+  // Twenty binds wait on an API server that does not answer their first call (reading the
+  // pod) until filter has been answered; the scheduler's API timeout is longer than this test.
   for (int i = 0; i < 20; ++i) pod("stuck" + std::to_string(i), {{"nvidia.com/gpu", "1"}});
-  api_.delay_ms = 700;
+  api_.hold_pod_reads();
   std::mutex mutex;
   std::vector<std::chrono::steady_clock::time_point> bind_ends;
   std::vector<std::thread> binds;
@@ -663,6 +670,26 @@ TEST_F(Extender, IdleClientsAndBindsStuckOnTheApiServerDoNotHoldUpFilter) {
       bind_ends.push_back(std::chrono::steady_clock::now());
     });
   }
+  // The scheduler refuses binds over its limit at once, and only while the limit's worth wait:
+  // four refusals mean sixteen binds are stuck.
+  const bool sixteen_stuck = eventually([&] {
+    std::lock_guard<std::mutex> locked(mutex);
+    return bind_ends.size() >= 4;
+  });
+  // Twenty clients connect and send half a request; each holds a server thread until its
+  // read times out and the server closes it.
+  std::vector<int> idle;
+  for (int i = 0; sixteen_stuck && i < 20; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<std::uint16_t>(port_));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    const std::string half = "POST /filter HTTP/1.1\r\nHost: x\r\n";
+    EXPECT_EQ(send(fd, half.data(), half.size(), 0), static_cast<ssize_t>(half.size()));
+    idle.push_back(fd);
+  }
   // Filter is answered while all of that waits: before any stuck bind ends, and before the
   // server has let go of any idle client.
   const auto result =
@@ -675,14 +702,15 @@ TEST_F(Extender, IdleClientsAndBindsStuckOnTheApiServerDoNotHoldUpFilter) {
     closed_by_server += recv(fd, &byte, 1, MSG_DONTWAIT) == 0;
   }
   EXPECT_EQ(closed_by_server, 0) << "filter waited until idle clients timed out";
+  api_.release_pod_reads();
   for (auto& thread : binds) thread.join();
   for (int fd : idle) close(fd);
+  EXPECT_TRUE(sixteen_stuck) << "binds over the limit were not refused at once";
   std::lock_guard<std::mutex> locked(mutex);
   int ended_before = 0;
   for (const auto& end : bind_ends) ended_before += end < answered;
-  // Binds over the limit are refused at once (they may end first); none that waited may.
-  EXPECT_LE(ended_before, 20 - 16) << "filter waited for binds stuck on the API server";
-  api_.delay_ms = 0;
+  // Only the four refused binds may have ended before filter was answered.
+  EXPECT_EQ(ended_before, 20 - 16) << "filter waited for binds stuck on the API server";
 }
 
 TEST_F(Extender, BodiesThatAreNotUtf8OrTooLargeGetAReason) {
@@ -728,14 +756,14 @@ TEST_F(Extender, QuantitiesOutOfRangeAreRefusedNotWrapped) {
 TEST_F(Extender, AWatchThatExpiresEveryTimeIsRetriedEverMoreSlowly) {
   api_.expire_every_watch = true;
   restart();
-  const int before = api_.lists["pods"];
+  const int before = api_.lists.at("pods");
   const auto from = std::chrono::steady_clock::now();
   // Three seconds of 410s: the backoff (100 ms doubling) allows about five relists, where an
   // unthrottled watcher makes hundreds.
   while (std::chrono::steady_clock::now() - from < std::chrono::seconds(3)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  const int relists = api_.lists["pods"] - before;
+  const int relists = api_.lists.at("pods") - before;
   EXPECT_GE(relists, 1);
   EXPECT_LE(relists, 8);
   api_.expire_every_watch = false;
@@ -744,11 +772,11 @@ TEST_F(Extender, AWatchThatExpiresEveryTimeIsRetriedEverMoreSlowly) {
 TEST_F(Extender, AClosedStderrDoesNotStopTheScheduler) {
   stop();
   start({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&-"});
-  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] >= 2; }));
+  ASSERT_TRUE(eventually([&] { return api_.lists.at("pods") >= 2; }));
   api_.push("pods", {{"type", "ADDED"}, {"object", {{"metadata", 42}}}});  // reported
   api_.add_listed("pods", bound_pod("garbled", "gpu-c", 1, "{not json"));
-  const int before = api_.lists["pods"];
-  ASSERT_TRUE(eventually([&] { return api_.lists["pods"] > before; }));
+  const int before = api_.lists.at("pods");
+  ASSERT_TRUE(eventually([&] { return api_.lists.at("pods") > before; }));
   EXPECT_TRUE(whole_gpus_fit(1, "gpu-c"));
 }
 
