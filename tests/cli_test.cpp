@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ledger/ledger.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -171,6 +172,111 @@ TEST(Cli, TopReportsAnUnreadableLedgerAndCarriesOn) {
   EXPECT_NE(top.out.find("broken"), std::string::npos);
   EXPECT_NE(top.out.find("unreadable"), std::string::npos) << top.out;
 }
+
+TEST(Cli, TopJsonShowsALedgerWhoseNameIsNotUtf8) {
+  ScratchDirectory scratch;
+  std::ofstream(scratch.file("caf\xe9.ledger")) << "garbage";  // Latin-1, not UTF-8
+  const Finished top =
+      run({tessera(), "top", "--json", "--interval", "0.1"}, cli_environment(scratch));
+  ASSERT_EQ(top.exit_code, 0) << top.err;
+  const auto rows = nlohmann::json::parse(top.out);
+  ASSERT_EQ(rows.size(), 1u) << top.out;
+  EXPECT_EQ(rows[0]["group"], "caf\xef\xbf\xbd");  // U+FFFD in place of the byte
+  EXPECT_TRUE(rows[0].contains("error"));
+}
+
+TEST(Cli, ARunEndingFirstLeavesTheLedgerToARunWhoseWorkloadHasNotJoinedYet) {
+  ScratchDirectory scratch;
+  const Environment environment = cli_environment(scratch);
+  // The second run's workload has not made its first CUDA call when the first run ends.
+  Running waiting({tessera(), "run", "--memory", "1GiB", "--group", "g", "--", "/bin/sh", "-c",
+                   "echo ready; read go; test -e \"$TESSERA_LEDGER\" && echo present || echo "
+                   "absent; exec \"$0\" info",
+                   worker()},
+                  environment);
+  ASSERT_EQ(waiting.read_line(), "ready");
+  const Finished first =
+      run({tessera(), "run", "--memory", "1GiB", "--group", "g", "--", "/bin/true"}, environment);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  waiting.write_line("go");
+  EXPECT_EQ(waiting.read_line(), "present") << "the first run removed the group's ledger";
+  const Finished rest = waiting.finish();
+  EXPECT_EQ(rest.exit_code, 0);
+  EXPECT_EQ(rest.number("total"), kGiB) << rest.out;
+  // The last run out removes it.
+  EXPECT_FALSE(std::filesystem::exists(scratch.file("g.ledger")));
+}
+
+TEST(Cli, ALedgerZeroedUnderItsMembersNeverLiftsTheirLimit) {
+  ScratchDirectory scratch;
+  const Environment environment = cli_environment(scratch);
+  Running holder({tessera(), "run", "--memory", "100MiB", "--group", "z", "--keep", "--", worker(),
+                  "hold", std::to_string(90 * kMiB)},
+                 environment);
+  ASSERT_EQ(holder.read_line(), "result=0");
+  Running second({tessera(), "run", "--memory", "100MiB", "--group", "z", "--keep", "--", worker(),
+                  "two-step", std::to_string(kMiB), std::to_string(50 * kMiB)},
+                 environment);
+  ASSERT_EQ(second.read_line(), "result=0");
+  {  // zeroed in place, as `dd if=/dev/zero of=z.ledger conv=notrunc` does
+    const std::string path = scratch.file("z.ledger");
+    const auto size = std::filesystem::file_size(path);
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    const std::string zeroes(size, '\0');
+    file.write(zeroes.data(), static_cast<std::streamsize>(zeroes.size()));
+  }
+  second.write_line("go");
+  const std::string answer = second.read_line();
+  EXPECT_NE(answer, "second_result=0") << "141 MiB held under a 100 MiB limit";
+  EXPECT_EQ(answer.rfind("second_result=", 0), 0u) << answer;
+  holder.close_stdin();
+  second.close_stdin();
+  EXPECT_EQ(holder.wait(), 0);
+  EXPECT_EQ(second.wait(), 0);
+}
+
+TEST(Cli, ALedgerDamagedUnderARunIsReportedAndTheExitStatusKept) {
+  const struct {
+    const char* name;
+    const char* damage;
+  } damages[] = {
+      {"truncated", "truncate -s 0 \"$TESSERA_LEDGER\""},
+      {"bytes written over it",
+       "tr '\\000' '\\132' < /dev/zero | head -c \"$(stat -c %s \"$TESSERA_LEDGER\")\" | "
+       "dd of=\"$TESSERA_LEDGER\" conv=notrunc status=none"},
+  };
+  for (const auto& damage : damages) {
+    ScratchDirectory scratch;
+    const Finished done = run({tessera(), "run", "--memory", "1GiB", "--", "/bin/sh", "-c",
+                               std::string(damage.damage) + "; exit 3"},
+                              cli_environment(scratch));
+    EXPECT_EQ(done.exit_code, 3) << damage.name << ": " << done.err;
+    EXPECT_NE(done.err.find("is damaged"), std::string::npos) << damage.name << ": " << done.err;
+  }
+}
+
+#ifdef __GLIBC__
+TEST(Cli, ALedgerLockWrittenOverUnderARunDoesNotAbortIt) {
+  ScratchDirectory scratch;
+  Running waiting({tessera(), "run", "--memory", "1GiB", "--group", "w", "--", "/bin/sh", "-c",
+                   "echo ready; read go; exit 3"},
+                  cli_environment(scratch));
+  ASSERT_EQ(waiting.read_line(), "ready");
+  // What random bytes made of the lock once: a robust priority-inheriting mutex owned by a
+  // thread that does not exist, on which glibc aborts (`e != ESRCH || !robust`). glibc's
+  // kind bits: 16 robust, 32 priority-inheriting, 128 process-shared.
+  pthread_mutex_t forged{};
+  forged.__data.__kind = 16 | 32 | 128;
+  forged.__data.__lock = 0x3ffffff0;
+  {
+    std::fstream file(scratch.file("w.ledger"), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(offsetof(ledger::LedgerFile, accounts) + offsetof(SharedAccounts, lock));
+    file.write(reinterpret_cast<const char*>(&forged), sizeof forged);
+  }
+  waiting.write_line("go");
+  EXPECT_EQ(waiting.wait(), 3) << "134 is SIGABRT";
+}
+#endif
 
 TEST(Cli, BadInputIsRefusedWithTheReasonAndUsageStatus) {
   ScratchDirectory scratch;

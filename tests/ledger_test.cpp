@@ -400,6 +400,150 @@ TEST(Ledger, AForkedChildIsAMemberOfItsOwnAndOutlivesItsParent) {
   close(ready[0]);
 }
 
+// Runs `body` in a forked child under an alarm; the child's exit status (or 128 + signal).
+template <typename Body>
+int in_child(Body body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(60);  // a hang ends as a failure, not as a stuck suite
+    _exit(body() ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+void overwrite(const std::string& path, std::size_t offset, unsigned char byte, std::size_t size) {
+  const std::vector<unsigned char> bytes(size, byte);
+  patch(path, offset, bytes.data(), bytes.size());
+}
+
+TEST(Ledger, ALedgerZeroedUnderItsMembersGivesEachAClearErrorAndNeverMore) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  Ledger holder, newcomer;
+  joined(holder, path);
+  joined(newcomer, path);
+  ASSERT_TRUE(holder.reserve(0, 900));
+  overwrite(path, 0, 0, sizeof(LedgerFile));  // as `dd if=/dev/zero conv=notrunc`
+  EXPECT_FALSE(newcomer.reserve(0, 500)) << "the zeroed ledger lifted the limit";
+  EXPECT_FALSE(holder.reserve(0, 50));
+  for (Ledger* member : {&holder, &newcomer}) {
+    ASSERT_NE(member->damage(), nullptr);
+    EXPECT_NE(std::string(member->damage()).find(path), std::string::npos) << member->damage();
+    EXPECT_EQ(member->usage(0).peak, 0u) << "a peak read from a zeroed file";
+    EXPECT_EQ(member->usage(0).limit, 1000u);  // the limit verified at open still stands
+  }
+  ErrorText error;
+  Ledger late;
+  EXPECT_FALSE(late.open(path.c_str(), error));  // and nobody opens it afresh
+}
+
+TEST(Ledger, AccountsWrittenOverAreNoticedAndGrantNothingMore) {
+  // Each damage leaves the header intact, so only the accounts can give it away.
+  const std::size_t accounts = offsetof(LedgerFile, accounts);
+  const std::size_t slot0 = accounts + offsetof(SharedAccounts, members);
+  const struct {
+    const char* name;
+    std::size_t offset;
+    unsigned char byte;
+    std::size_t size;
+    const char* expected;
+  } damages[] = {
+      {"lock type", accounts, 0xff, sizeof(pthread_mutex_t), "lock was written over"},
+      {"total zeroed", accounts + offsetof(SharedAccounts, used), 0, 8, "not the sum"},
+      {"holder's counter zeroed", slot0 + offsetof(MemberAccount, used), 0, 8, "not the sum"},
+      {"holder's slot freed", slot0 + offsetof(MemberAccount, state), 0, 4, "not the sum"},
+      {"holder's slot garbled", slot0 + offsetof(MemberAccount, state), 0x5a, 4, "no member"},
+  };
+  for (const auto& damage : damages) {
+    ScratchDirectory scratch;
+    const std::string path = scratch.file("g.ledger");
+    create(path, 1000);
+    Ledger holder, newcomer;
+    joined(holder, path);
+    joined(newcomer, path);
+    ASSERT_TRUE(holder.reserve(0, 900));
+    overwrite(path, damage.offset, damage.byte, damage.size);
+    // In a child: before its fix, a lock of another type aborted on a glibc assertion.
+    const int status = in_child([&] {
+      const bool granted = newcomer.reserve(0, 500);
+      const char* why = newcomer.damage();
+      std::fprintf(stderr, "%s: %s\n", damage.name, why == nullptr ? "(no damage seen)" : why);
+      return !granted && why != nullptr && std::strstr(why, damage.expected) != nullptr &&
+             std::strstr(why, path.c_str()) != nullptr;
+    });
+    EXPECT_EQ(status, 0) << damage.name;
+  }
+}
+
+TEST(Ledger, RandomBytesWrittenIntoALedgerInUseNeverAbortAndNeverGrantMore) {
+  std::mt19937 random(20261203);
+  for (int round = 0; round < 200; ++round) {
+    ScratchDirectory scratch;
+    const std::string path = scratch.file("g.ledger");
+    create(path, 1000);
+    Ledger holder;
+    joined(holder, path);
+    ASSERT_TRUE(holder.reserve(0, 900));
+    // A span of 1 to 64 random bytes anywhere in the file, the lock word excepted: a lock
+    // that no one will ever release makes each request wait out the lock's timeout, which
+    // Ledger.ALockThatIsNeverReleasedRefusesWithinItsTimeout covers.
+    std::size_t offset = 0, size = 0;
+    do {
+      size = 1 + random() % 64;
+      offset = random() % (sizeof(LedgerFile) - size);
+    } while (offset < offsetof(LedgerFile, accounts) + sizeof(pthread_mutex_t) &&
+             offset + size > offsetof(LedgerFile, accounts));
+    std::vector<unsigned char> bytes(size);
+    for (auto& byte : bytes) byte = static_cast<unsigned char>(random());
+    patch(path, offset, bytes.data(), bytes.size());
+    const int status = in_child([&] {
+      holder.usage(0);
+      if (holder.reserve(0, 200)) return false;  // 1100 of 1000
+      Ledger newcomer;
+      ErrorText error;
+      if (!newcomer.open(path.c_str(), error) || !newcomer.join(error)) return true;
+      return !newcomer.reserve(0, 200);
+    });
+    EXPECT_EQ(status, 0) << size << " bytes at " << offset;
+  }
+}
+
+TEST(Ledger, ALockThatIsNeverReleasedRefusesWithinItsTimeout) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  Ledger member;
+  joined(member, path);
+  // A lock word naming an owner that exists and never lets go: this test process.
+  const auto owner = static_cast<std::uint32_t>(getpid());
+  patch(path, offsetof(LedgerFile, accounts), &owner, sizeof owner);
+  const int status = in_child([&] { return !member.reserve(0, 100); });
+  EXPECT_EQ(status, 0) << "a request waited forever, or was granted without the lock";
+}
+
+TEST(Ledger, ALedgerTruncatedUnderAMemberIsDamageNotSigbus) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  const int status = in_child([&] {
+    Ledger member;
+    ErrorText error;
+    if (!member.open(path.c_str(), error) || !member.join(error) || !member.reserve(0, 100)) {
+      return false;
+    }
+    if (truncate(path.c_str(), 0) != 0) return false;
+    const bool granted = member.reserve(0, 100);
+    member.release(0, 100);
+    const DeviceUsage usage = member.usage(0);
+    const char* why = member.damage();
+    return !granted && usage.used == 0 && why != nullptr && std::strstr(why, path.c_str());
+  });
+  EXPECT_EQ(status, 0) << "128 + 7 is SIGBUS";
+}
+
 constexpr std::uint64_t kMs = 1'000'000;
 
 Demand open_demand(const ScratchDirectory& scratch, std::uint64_t group) {

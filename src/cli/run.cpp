@@ -100,7 +100,11 @@ int run_command(const RunOptions& options) {
   const std::string path = fmt::format("{}/{}.ledger", runtime_directory(), group);
   ledger::Ledger ledger;
   ErrorText error;
-  if (!ledger.create_or_open(path.c_str(), spec, error)) throw std::runtime_error(error.text);
+  // Kept in place while this run lasts: a run of the same group ending first cannot remove
+  // it before this one's workload has joined.
+  if (!ledger.create_or_open_kept(path.c_str(), spec, error)) {
+    throw std::runtime_error(error.text);
+  }
 
   setenv("TESSERA_LEDGER", path.c_str(), 1);
   if (limit != kUnlimited) {
@@ -132,16 +136,20 @@ int run_command(const RunOptions& options) {
   while (waitpid(child_pid, &status, 0) < 0 && errno == EINTR) {
   }
 
-  if (options.summary) {
+  ledger::DeviceUsage usage[kMaxDevices];
+  for (int device = 0; device < kMaxDevices; ++device) usage[device] = ledger.usage(device);
+  if (const char* damage = ledger.damage(); damage != nullptr) {
+    fmt::print(stderr, "tessera: group {}: {}; its usage is unknown\n", group, damage);
+  } else if (options.summary) {
     for (int device = 0; device < kMaxDevices; ++device) {
-      const ledger::DeviceUsage usage = ledger.usage(device);
-      if (usage.peak == 0 && usage.rejections == 0 && (options.device || device > 0)) continue;
+      const ledger::DeviceUsage& used = usage[device];
+      if (used.peak == 0 && used.rejections == 0 && (options.device || device > 0)) continue;
       fmt::print(stderr, "tessera: group {} device {}: limit {}, peak {}, refused {}\n", group,
-                 device, human_size(usage.limit), human_size(usage.peak), usage.rejections);
+                 device, human_size(used.limit), human_size(used.peak), used.rejections);
     }
   }
   // The ledger goes with the group's last member, unless asked to keep it.
-  if (!options.keep && ledger.live_members() == 0) std::filesystem::remove(path);
+  if (!options.keep) ledger.remove_if_unused(path.c_str());
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
 }

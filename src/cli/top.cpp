@@ -33,6 +33,7 @@ nlohmann::json snapshot(const std::string& directory) {
       continue;
     }
     const int members = ledger.live_members();
+    nlohmann::json group_rows = nlohmann::json::array();
     for (int device = 0; device < kMaxDevices; ++device) {
       const ledger::DeviceUsage usage = ledger.usage(device);
       if (usage.limit == kUnlimited && usage.peak == 0 && usage.cores == 0) continue;
@@ -40,17 +41,22 @@ nlohmann::json snapshot(const std::string& directory) {
           usage.limit == ledger.effective_limit(0)) {
         continue;  // the same limit on every device: show the ones in use, and device 0
       }
-      rows.push_back({{"group", ledger.file()->group_name},
-                      {"device", device},
-                      {"limit", usage.limit},
-                      {"used", usage.used},
-                      {"peak", usage.peak},
-                      {"refused", usage.rejections},
-                      {"cores", usage.cores},
-                      {"priority", priority_name(ledger.group_priority())},
-                      {"throttled_ms", usage.throttled_ns / 1000000},
-                      {"device_time_ns", usage.device_time_ns},
-                      {"members", members}});
+      group_rows.push_back({{"group", ledger.file()->group_name},
+                            {"device", device},
+                            {"limit", usage.limit},
+                            {"used", usage.used},
+                            {"peak", usage.peak},
+                            {"refused", usage.rejections},
+                            {"cores", usage.cores},
+                            {"priority", priority_name(ledger.group_priority())},
+                            {"throttled_ms", usage.throttled_ns / 1000000},
+                            {"device_time_ns", usage.device_time_ns},
+                            {"members", members}});
+    }
+    if (const char* damage = ledger.damage(); damage != nullptr) {
+      rows.push_back({{"group", file.stem().string()}, {"error", damage}});
+    } else {
+      rows.insert(rows.end(), group_rows.begin(), group_rows.end());
     }
   }
   return rows;
@@ -113,7 +119,8 @@ int top_command(const TopOptions& options) {
     const std::uint64_t now_ns = monotonic_ns();
     add_achieved(rows, before, now_ns - before_ns);
     if (options.json) {
-      fmt::print("{}\n", rows.dump(2));
+      // Names come from file names and files: bytes that are not UTF-8 are shown replaced.
+      fmt::print("{}\n", rows.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     } else {
       if (!options.once) fmt::print("\033[H\033[2J");
       print_table(rows);

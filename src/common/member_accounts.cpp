@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "common/shared_file.h"
@@ -14,6 +15,10 @@ constexpr std::uint32_t kMemberLive = 1;
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+// A live member holds the lock for microseconds; one that holds it for this long is stopped,
+// or the lock word was written over.
+constexpr int kLockTimeoutMs = 5000;
 
 }  // namespace
 
@@ -33,12 +38,66 @@ bool accounts_look_valid(const SharedAccounts& accounts, int& bad_slot) {
   return true;
 }
 
-void MemberAccounts::lock() {
-  if (lock_robust(&accounts_->lock) == LockOutcome::previous_owner_died) {
-    accounts_->lock_recoveries.fetch_add(1, std::memory_order_relaxed);
-    reap_dead_locked();
-    rebuild_totals_locked();
+bool MemberAccounts::lock() {
+  if (damage_ != nullptr) return false;
+  if (!robust_mutex_intact(&accounts_->lock)) {
+    damage_ = "its lock was written over";
+    return false;
   }
+  switch (lock_robust(&accounts_->lock, kLockTimeoutMs)) {
+    case LockOutcome::acquired:
+      return true;
+    case LockOutcome::previous_owner_died:
+      accounts_->lock_recoveries.fetch_add(1, std::memory_order_relaxed);
+      reap_dead_locked();
+      rebuild_totals_locked();
+      return true;
+    case LockOutcome::timed_out:
+      return false;  // this request is refused; the next one tries again
+    case LockOutcome::failed:
+      damage_ = "its lock cannot be taken (not recoverable, or claimed by this very thread)";
+      return false;
+  }
+  return false;
+}
+
+bool MemberAccounts::sound_locked(int device) {
+  std::uint64_t total = 0;
+  for (const MemberAccount& member : accounts_->members) {
+    const std::uint32_t state = member.state.load(std::memory_order_relaxed);
+    if (state != kMemberFree && state != kMemberLive) {
+      damage_ = "a member slot is in a state no member could have left";
+      return false;
+    }
+    if (device >= 0 && state == kMemberLive) {
+      total += member.used[device].load(std::memory_order_relaxed);
+    }
+  }
+  if (device >= 0 && total != accounts_->used[device].load(std::memory_order_relaxed)) {
+    damage_ = "the group's total is not the sum of its members' counters";
+    return false;
+  }
+  if (my_slot_ >= 0) {
+    const MemberAccount& me = accounts_->members[my_slot_];
+    if (me.state.load(std::memory_order_relaxed) != kMemberLive) {
+      damage_ = "this member's slot was freed by something else";
+      return false;
+    }
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (me.used[d].load(std::memory_order_relaxed) != my_used_[d]) {
+        damage_ = "this member's counters were changed by something else";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool MemberAccounts::checked_lock(int device) {
+  if (!lock()) return false;
+  if (sound_locked(device)) return true;
+  unlock();
+  return false;
 }
 
 void MemberAccounts::reap_dead_locked() {
@@ -70,7 +129,10 @@ void MemberAccounts::rebuild_totals_locked() {
 
 bool MemberAccounts::join(ErrorText& error) {
   if (my_slot_ >= 0) return true;
-  lock();
+  if (!checked_lock(-1)) {
+    return error.set("the group's accounts %s",
+                     damage_ != nullptr ? damage_ : "are locked by a member that does not let go");
+  }
   reap_dead_locked();
   for (int slot = 0; slot < kMaxMembers; ++slot) {
     MemberAccount& member = accounts_->members[slot];
@@ -80,6 +142,7 @@ bool MemberAccounts::join(ErrorText& error) {
     member.pid = static_cast<std::int32_t>(getpid());
     member.state.store(kMemberLive, std::memory_order_release);
     my_slot_ = slot;
+    for (auto& bytes : my_used_) bytes = 0;
     unlock();
     return true;
   }
@@ -90,32 +153,39 @@ bool MemberAccounts::join(ErrorText& error) {
 void MemberAccounts::leave() {
   if (my_slot_ < 0) return;
   MemberAccount& member = accounts_->members[my_slot_];
-  lock();
-  for (int device = 0; device < kMaxDevices; ++device) {
-    const std::uint64_t held = member.used[device].exchange(0, std::memory_order_relaxed);
-    accounts_->used[device].fetch_sub(held, std::memory_order_relaxed);
+  if (checked_lock(-1)) {
+    for (int device = 0; device < kMaxDevices; ++device) {
+      const std::uint64_t held = member.used[device].exchange(0, std::memory_order_relaxed);
+      accounts_->used[device].fetch_sub(held, std::memory_order_relaxed);
+    }
+    member.pid = 0;
+    member.state.store(kMemberFree, std::memory_order_release);
+    unlock();
   }
-  member.pid = 0;
-  member.state.store(kMemberFree, std::memory_order_release);
+  // Damaged or not, this process is no longer a member: others may reclaim the slot.
   drop_liveness_lock(fd_, my_slot_);
-  unlock();
-  my_slot_ = -1;
+  forget_slot();
 }
 
 bool MemberAccounts::reserve(int device, std::uint64_t bytes, std::uint64_t limit) {
   MemberAccount& member = accounts_->members[my_slot_];
-  lock();
+  if (!checked_lock(device)) return false;
   std::uint64_t used = accounts_->used[device].load(std::memory_order_relaxed);
-  if (limit != kUnlimited && (bytes > limit || used > limit - bytes)) {
+  const auto fits = [&] {
+    return used <= UINT64_MAX - bytes &&
+           (limit == kUnlimited || (bytes <= limit && used <= limit - bytes));
+  };
+  if (!fits()) {
     reap_dead_locked();  // refuse only on the word of live members
     used = accounts_->used[device].load(std::memory_order_relaxed);
-    if (bytes > limit || used > limit - bytes) {
+    if (!fits()) {
       accounts_->rejections[device].fetch_add(1, std::memory_order_relaxed);
       unlock();
       return false;
     }
   }
   member.used[device].fetch_add(bytes, std::memory_order_relaxed);
+  my_used_[device] += bytes;
   used += bytes;
   accounts_->used[device].store(used, std::memory_order_relaxed);
   if (used > accounts_->peak[device].load(std::memory_order_relaxed)) {
@@ -127,18 +197,19 @@ bool MemberAccounts::reserve(int device, std::uint64_t bytes, std::uint64_t limi
 
 void MemberAccounts::release(int device, std::uint64_t bytes) {
   MemberAccount& member = accounts_->members[my_slot_];
-  lock();
+  if (!checked_lock(device)) return;  // damaged: what is held stays charged
   const std::uint64_t held = member.used[device].load(std::memory_order_relaxed);
   const std::uint64_t returned = bytes < held ? bytes : held;
   member.used[device].store(held - returned, std::memory_order_relaxed);
+  my_used_[device] = held - returned;
   accounts_->used[device].fetch_sub(returned, std::memory_order_relaxed);
   unlock();
 }
 
 AccountsUsage MemberAccounts::usage(int device) {
-  lock();
-  reap_dead_locked();
   AccountsUsage usage;
+  if (!checked_lock(device)) return usage;
+  reap_dead_locked();
   usage.used = accounts_->used[device].load(std::memory_order_relaxed);
   usage.peak = accounts_->peak[device].load(std::memory_order_relaxed);
   usage.rejections = accounts_->rejections[device].load(std::memory_order_relaxed);
@@ -147,12 +218,11 @@ AccountsUsage MemberAccounts::usage(int device) {
 }
 
 std::uint64_t MemberAccounts::member_used(int device) const {
-  if (my_slot_ < 0) return 0;
-  return accounts_->members[my_slot_].used[device].load(std::memory_order_relaxed);
+  return my_slot_ < 0 ? 0 : my_used_[device];
 }
 
 int MemberAccounts::live_members() {
-  lock();
+  if (!checked_lock(-1)) return -1;
   reap_dead_locked();
   int live = 0;
   for (const MemberAccount& member : accounts_->members) {
@@ -163,7 +233,7 @@ int MemberAccounts::live_members() {
 }
 
 int MemberAccounts::live_pids(std::int32_t* pids, int capacity) {
-  lock();
+  if (!checked_lock(-1)) return 0;
   reap_dead_locked();
   int count = 0;
   for (const MemberAccount& member : accounts_->members) {
@@ -177,7 +247,7 @@ int MemberAccounts::live_pids(std::int32_t* pids, int capacity) {
 
 int MemberAccounts::list_members(int device, std::int32_t* pids, std::uint64_t* used,
                                  int capacity) {
-  lock();
+  if (!checked_lock(device)) return 0;
   reap_dead_locked();
   int count = 0;
   for (const MemberAccount& member : accounts_->members) {

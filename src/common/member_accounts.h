@@ -9,6 +9,11 @@
 // - Each member holds a liveness lock (common/shared_file.h) that the kernel drops at
 //   death or exec, so a dead member is recognised whatever its PID now names. Dead
 //   members' bytes are reclaimed before any request is refused and before usage is read.
+// - Anything may write the file. Every locked step first checks what no member could have
+//   left (a lock of another type, a slot in no known state, a total that is not the sum of
+//   the members' counters, this member's own counters changed behind its back); on the
+//   first such sign the accounts are damaged for this process: every later request is
+//   refused and nothing is given back, so damage never grants more.
 #pragma once
 
 #include <pthread.h>
@@ -56,7 +61,8 @@ class MemberAccounts {
   void attach(SharedAccounts* accounts, int fd) {
     accounts_ = accounts;
     fd_ = fd;
-    my_slot_ = -1;
+    damage_ = nullptr;
+    forget_slot();
   }
   void detach() { attach(nullptr, -1); }
 
@@ -69,9 +75,9 @@ class MemberAccounts {
   bool reserve(int device, std::uint64_t bytes, std::uint64_t limit);
   // Returns up to bytes of what this member holds; never underflows.
   void release(int device, std::uint64_t bytes);
-  AccountsUsage usage(int device);  // reclaims dead members first
+  AccountsUsage usage(int device);  // reclaims dead members first; zeroes if damaged
   std::uint64_t member_used(int device) const;
-  int live_members();
+  int live_members();  // -1: cannot tell (damaged, or the lock not had)
   // Fills pids with the live members' PIDs; returns how many there are.
   int live_pids(std::int32_t* pids, int capacity);
   // Fills pids/used (for NVML's process list) with live members holding bytes on device.
@@ -79,19 +85,31 @@ class MemberAccounts {
 
   // In a forked child: forget the parent's slot; call after the descriptor was given a
   // description of its own. Async-signal-safe.
-  void forget_slot() { my_slot_ = -1; }
+  void forget_slot() {
+    my_slot_ = -1;
+    for (auto& bytes : my_used_) bytes = 0;
+  }
+
+  // Why the accounts were found damaged (nullptr while they look sound).
+  const char* damage() const { return damage_; }
 
   const SharedAccounts* shared() const { return accounts_; }
 
  private:
-  void lock();
+  // False (the lock not held) if the accounts are damaged or the lock cannot be had.
+  [[nodiscard]] bool lock();
   void unlock() { pthread_mutex_unlock(&accounts_->lock); }
+  bool sound_locked(int device);  // marks the damage when it finds some
+  // lock() and sound_locked(device) (-1: no device's total); false with the lock not held.
+  [[nodiscard]] bool checked_lock(int device);
   void reap_dead_locked();
   void rebuild_totals_locked();
 
   SharedAccounts* accounts_ = nullptr;
   int fd_ = -1;
   int my_slot_ = -1;
+  std::uint64_t my_used_[kMaxDevices] = {};  // what this member holds, as it knows it
+  const char* damage_ = nullptr;
 };
 
 }  // namespace tessera

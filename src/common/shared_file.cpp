@@ -2,10 +2,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -15,6 +19,7 @@ namespace tessera {
 namespace {
 
 constexpr off_t kLivenessBase = off_t{1} << 40;
+constexpr off_t kUseByte = kLivenessBase - 1;
 
 bool set_size_and_map(int fd, std::size_t size, bool resize, SharedMapping& mapping,
                       const char* what, ErrorText& error) {
@@ -56,9 +61,12 @@ bool create_by_link(const char* path, std::size_t size, InitializeShared initial
   return ok;
 }
 
+void unguard(const SharedMapping& mapping);
+
 }  // namespace
 
 void SharedMapping::close() {
+  unguard(*this);
   if (base != nullptr) munmap(base, size);
   if (fd >= 0) ::close(fd);
   base = nullptr;
@@ -114,13 +122,49 @@ void initialize_robust_mutex(pthread_mutex_t* mutex) {
   pthread_mutexattr_destroy(&attributes);
 }
 
-LockOutcome lock_robust(pthread_mutex_t* mutex) {
-  const int result = pthread_mutex_lock(mutex);
-  if (result == EOWNERDEAD) {
-    pthread_mutex_consistent(mutex);
-    return LockOutcome::previous_owner_died;
+bool robust_mutex_intact(const pthread_mutex_t* mutex) {
+#ifdef __GLIBC__
+  // The type glibc records in a mutex it initialised as initialize_robust_mutex does.
+  static const int kind = [] {
+    pthread_mutex_t reference;
+    initialize_robust_mutex(&reference);
+    const int value = reference.__data.__kind;
+    pthread_mutex_destroy(&reference);
+    return value;
+  }();
+  return __atomic_load_n(&mutex->__data.__kind, __ATOMIC_RELAXED) == kind;
+#else
+  (void)mutex;
+  return true;
+#endif
+}
+
+LockOutcome lock_robust(pthread_mutex_t* mutex, int timeout_ms) {
+  int result = 0;
+  if (timeout_ms < 0) {
+    result = pthread_mutex_lock(mutex);
+  } else {
+    timespec deadline{};
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += static_cast<long>(timeout_ms % 1000) * 1'000'000;
+    if (deadline.tv_nsec >= 1'000'000'000) {
+      deadline.tv_sec += 1;
+      deadline.tv_nsec -= 1'000'000'000;
+    }
+    result = pthread_mutex_clocklock(mutex, CLOCK_MONOTONIC, &deadline);
   }
-  return LockOutcome::acquired;
+  switch (result) {
+    case 0:
+      return LockOutcome::acquired;
+    case EOWNERDEAD:
+      pthread_mutex_consistent(mutex);
+      return LockOutcome::previous_owner_died;
+    case ETIMEDOUT:
+      return LockOutcome::timed_out;
+    default:
+      return LockOutcome::failed;
+  }
 }
 
 void unlock_robust(pthread_mutex_t* mutex) {
@@ -152,6 +196,104 @@ bool liveness_lock_held_by_other(int fd, int index) {
   struct flock lock = byte_lock(F_WRLCK, index);
   if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return true;  // cannot tell: assume alive
   return lock.l_type != F_UNLCK;
+}
+
+bool hold_shared_use(int fd) {
+  struct flock lock {};
+  lock.l_type = F_RDLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = kUseByte;
+  lock.l_len = 1;
+  int result = 0;
+  while ((result = fcntl(fd, F_OFD_SETLKW, &lock)) != 0 && errno == EINTR) {
+  }
+  return result == 0;
+}
+
+bool try_exclusive_use(int fd) {
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = kUseByte;
+  lock.l_len = 1;
+  return fcntl(fd, F_OFD_SETLK, &lock) == 0;
+}
+
+bool names_open_file(const char* path, int fd) {
+  struct stat named {
+  }, open_file{};
+  return stat(path, &named) == 0 && fstat(fd, &open_file) == 0 &&
+         named.st_dev == open_file.st_dev && named.st_ino == open_file.st_ino;
+}
+
+namespace {
+
+// Guarded mappings, found by the SIGBUS handler without locks. A slot's base is 0 when
+// free and kClaimed while its size changes, so the handler sees whole entries only.
+struct GuardedRange {
+  std::atomic<std::uintptr_t> base{0};
+  std::atomic<std::size_t> size{0};
+};
+constexpr int kGuardedRanges = 16;
+constexpr std::uintptr_t kClaimed = 1;
+GuardedRange guarded[kGuardedRanges];
+struct sigaction previous_sigbus {};
+std::atomic<bool> sigbus_handler_installed{false};
+
+void on_sigbus(int signal_number, siginfo_t* info, void* context) {
+  const auto address = reinterpret_cast<std::uintptr_t>(info->si_addr);
+  for (GuardedRange& range : guarded) {
+    const std::uintptr_t base = range.base.load(std::memory_order_acquire);
+    const std::size_t size = range.size.load(std::memory_order_relaxed);
+    if (base <= kClaimed || address < base || address - base >= size) continue;
+    // Zeroes in place of the file: the instruction that faulted runs again and reads them.
+    void* replaced = mmap(reinterpret_cast<void*>(base), size, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (replaced != MAP_FAILED) return;
+  }
+  if ((previous_sigbus.sa_flags & SA_SIGINFO) != 0 && previous_sigbus.sa_sigaction != nullptr) {
+    previous_sigbus.sa_sigaction(signal_number, info, context);
+  } else if (previous_sigbus.sa_handler != SIG_DFL && previous_sigbus.sa_handler != SIG_IGN) {
+    previous_sigbus.sa_handler(signal_number);
+  } else {
+    signal(SIGBUS, SIG_DFL);  // the fault happens again on return, and takes its course
+  }
+}
+
+void unguard(const SharedMapping& mapping) {
+  const auto base = reinterpret_cast<std::uintptr_t>(mapping.base);
+  if (base == 0) return;
+  for (GuardedRange& range : guarded) {
+    std::uintptr_t expected = base;
+    if (range.base.compare_exchange_strong(expected, kClaimed, std::memory_order_acq_rel)) {
+      range.size.store(0, std::memory_order_relaxed);
+      range.base.store(0, std::memory_order_release);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void guard_against_truncation(const SharedMapping& mapping) {
+  const auto base = reinterpret_cast<std::uintptr_t>(mapping.base);
+  if (base == 0) return;
+  if (!sigbus_handler_installed.exchange(true)) {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGBUS, &action, &previous_sigbus);
+  }
+  for (GuardedRange& range : guarded) {
+    std::uintptr_t expected = 0;
+    if (!range.base.compare_exchange_strong(expected, kClaimed, std::memory_order_acq_rel)) {
+      continue;
+    }
+    range.size.store(mapping.size, std::memory_order_relaxed);
+    range.base.store(base, std::memory_order_release);
+    return;
+  }
 }
 
 void SharedMapping::reopen_in_child() {

@@ -43,13 +43,32 @@ bool map_private_shared(const char* name, std::size_t size, InitializeShared ini
                         const void* context, SharedMapping& mapping, ErrorText& error);
 
 void initialize_robust_mutex(pthread_mutex_t* mutex);
+// False if the mutex no longer has the type initialize_robust_mutex gave it: written over
+// by something else. Locking such a mutex can make glibc abort on an assertion.
+bool robust_mutex_intact(const pthread_mutex_t* mutex);
 
-enum class LockOutcome { acquired, previous_owner_died };
+enum class LockOutcome { acquired, previous_owner_died, timed_out, failed };
 
 // Locks; when the previous owner died holding the lock, returns previous_owner_died with
-// the lock held, and the caller must repair the shared state before unlocking.
-LockOutcome lock_robust(pthread_mutex_t* mutex);
+// the lock held, and the caller must repair the shared state before unlocking. With a
+// timeout (milliseconds; negative: none) it gives up with timed_out: a live member holds
+// the lock (one that is stopped) or its lock word was written over. `failed`: any other
+// error (the lock not recoverable, or claimed by this very thread); the lock is not held.
+LockOutcome lock_robust(pthread_mutex_t* mutex, int timeout_ms = -1);
 void unlock_robust(pthread_mutex_t* mutex);
+
+// Until the mapping is closed, a SIGBUS from touching it (the file was truncated under
+// this process) replaces it with zeroes instead of killing the process, so the owner can
+// notice the damage and refuse to go on. Other SIGBUSes go to the handler there was.
+void guard_against_truncation(const SharedMapping& mapping);
+
+// Keeping a file in use (for tessera run): while any process holds a shared use of a file,
+// no other can take the exclusive use that removing it requires. Both on the open file
+// description of fd, dropped with its last descriptor.
+bool hold_shared_use(int fd);  // waits while another holds the exclusive use
+bool try_exclusive_use(int fd);
+// True if path still names the file open as fd.
+bool names_open_file(const char* path, int fd);
 
 // Liveness locks on byte (kLivenessBase + index) of the file behind fd.
 bool take_liveness_lock(int fd, int index);

@@ -313,6 +313,13 @@ bool charge(int device, std::uint64_t bytes) {
     }
   }
   if (state.ledger.reserve(device, bytes)) return true;
+  if (const char* damage = state.ledger.damage(); damage != nullptr) {
+    static std::atomic<bool> said{false};  // once: every allocation from now on is refused
+    if (!said.exchange(true)) {
+      log(LogLevel::error, "hook", "%s; refusing every allocation from now on", damage);
+    }
+    return false;
+  }
   log(LogLevel::info, "hook", "refused %llu bytes on device %d: group limit %llu reached",
       static_cast<unsigned long long>(bytes), device,
       static_cast<unsigned long long>(state.ledger.effective_limit(device)));

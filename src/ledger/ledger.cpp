@@ -1,6 +1,10 @@
 #include "ledger/ledger.h"
 
+#include <errno.h>
+#include <unistd.h>
+
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 
 namespace tessera::ledger {
@@ -62,6 +66,9 @@ bool Ledger::validate(const char* path, ErrorText& error) const {
         "is corrupt; refusing to trust it",
         path);
   }
+  if (std::memchr(file_->group_name, '\0', sizeof file_->group_name) == nullptr) {
+    return error.set("%s: the group name is not terminated: corrupt ledger", path);
+  }
   if (file_->priority > static_cast<std::uint32_t>(Priority::low)) {
     return error.set("%s: priority %u is not one Tessera knows: corrupt ledger", path,
                      file_->priority);
@@ -84,7 +91,11 @@ bool Ledger::attach(const char* path, ErrorText& error) {
     file_limits_.core_percent[device] = file_->core_percent[device];
   }
   file_priority_ = static_cast<Priority>(file_->priority);
+  std::memcpy(verified_header_, file_, sizeof verified_header_);
+  std::snprintf(path_, sizeof path_, "%s", path);
+  damage_ = ErrorText{};
   accounts_.attach(&file_->accounts, mapping_.fd);
+  guard_against_truncation(mapping_);
   return true;
 }
 
@@ -127,6 +138,44 @@ bool Ledger::open(const char* path, ErrorText& error) {
          attach(path, error);
 }
 
+bool Ledger::create_or_open_kept(const char* path, const GroupSpec& spec, ErrorText& error) {
+  // A run that removes the file holds its exclusive use from the check to the unlink; a file
+  // opened meanwhile is unlinked by then, and another try makes or opens the one in place.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    if (!create_or_open(path, spec, error)) return false;
+    if (!hold_shared_use(mapping_.fd)) {
+      const int failure = errno;
+      close();
+      return error.set("%s: cannot hold the ledger in use: %s", path, std::strerror(failure));
+    }
+    if (names_open_file(path, mapping_.fd)) return true;
+    close();
+  }
+  return error.set("%s: removed each time it was opened; giving up", path);
+}
+
+bool Ledger::remove_if_unused(const char* path) {
+  bool removed = false;
+  if (file_ != nullptr && try_exclusive_use(mapping_.fd) && live_members() == 0 &&
+      names_open_file(path, mapping_.fd)) {
+    removed = unlink(path) == 0;
+  }
+  close();  // drops the exclusive use with the descriptor
+  return removed;
+}
+
+const char* Ledger::damage() {
+  if (file_ == nullptr) return nullptr;
+  if (damage_.empty()) {
+    if (!intact()) {
+      damage_.set("ledger %s is damaged: its header was written over or truncated", path_);
+    } else if (accounts_.damage() != nullptr) {
+      damage_.set("ledger %s is damaged: %s", path_, accounts_.damage());
+    }
+  }
+  return damage_.empty() ? nullptr : damage_.text;
+}
+
 bool Ledger::create_private(const GroupSpec& spec, ErrorText& error) {
   close();
   return map_private_shared("tessera-ledger", sizeof(LedgerFile), initialize_file, &spec, mapping_,
@@ -167,13 +216,16 @@ std::uint64_t Ledger::pace(int device, std::uint64_t cost_ns, std::uint64_t now_
 }
 
 bool Ledger::join(ErrorText& error) {
+  if (!intact()) return error.set("%s", damage());
   if (accounts_.join(error)) return true;
   ErrorText reason = error;
   return error.set("ledger of group '%s': %s", file_->group_name, reason.text);
 }
 
 DeviceUsage Ledger::usage(int device) {
-  const AccountsUsage accounts = accounts_.usage(device);
+  AccountsUsage accounts;
+  if (intact()) accounts = accounts_.usage(device);
+  if (!intact()) accounts = AccountsUsage{};  // truncated meanwhile: what was read is zeroes
   return {effective_limit(device),
           effective_cores(device),
           file_->throttled_ns[device].load(std::memory_order_relaxed),

@@ -6,10 +6,17 @@
 // Limits: the creator writes them once, under a checksum that every opener verifies, and a
 // member keeps the limits it verified. It enforces the lower of those and the limits in its
 // own environment, so writing the file cannot raise anyone's limit.
+//
+// Damage: a ledger written over, zeroed or truncated while members run is noticed at the
+// next request (the header is no longer the one verified, or the accounts show what no
+// member could have left; a truncation's SIGBUS is caught). From then on this process
+// refuses every allocation and gives nothing back, and damage() says why.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "common/error_text.h"
 #include "common/limits.h"
@@ -72,6 +79,12 @@ class Ledger {
   bool create_or_open(const char* path, const GroupSpec& spec, ErrorText& error);
   // Opens an existing ledger; refuses one that is corrupt, truncated or foreign.
   bool open(const char* path, ErrorText& error);
+  // create_or_open for `tessera run`: the file is kept in place (it is the same file that
+  // the path names) until this Ledger closes or remove_if_unused.
+  bool create_or_open_kept(const char* path, const GroupSpec& spec, ErrorText& error);
+  // Removes the file if no other run keeps it and no member is live; closes the ledger.
+  // True if it was removed.
+  bool remove_if_unused(const char* path);
   // A ledger for this process tree alone (memfd), shared with forked children.
   bool create_private(const GroupSpec& spec, ErrorText& error);
   void close();
@@ -100,13 +113,19 @@ class Ledger {
   bool joined() const { return accounts_.joined(); }
   // Charges bytes to this member if the group stays within its limit on device.
   bool reserve(int device, std::uint64_t bytes) {
-    return accounts_.reserve(device, bytes, effective_limit(device));
+    return intact() && accounts_.reserve(device, bytes, effective_limit(device));
   }
-  void release(int device, std::uint64_t bytes) { accounts_.release(device, bytes); }
-  DeviceUsage usage(int device);
+  void release(int device, std::uint64_t bytes) {
+    if (intact()) accounts_.release(device, bytes);
+  }
+  DeviceUsage usage(int device);  // all zero, but the limits, if damaged
   std::uint64_t member_used(int device) const { return accounts_.member_used(device); }
-  int live_members() { return accounts_.live_members(); }
-  int live_pids(std::int32_t* pids, int capacity) { return accounts_.live_pids(pids, capacity); }
+  int live_members() { return intact() ? accounts_.live_members() : -1; }  // -1: cannot tell
+  int live_pids(std::int32_t* pids, int capacity) {
+    return intact() ? accounts_.live_pids(pids, capacity) : 0;
+  }
+  // Why this ledger cannot be trusted any more, naming the file; nullptr while it can.
+  const char* damage();
   std::uint64_t context_estimate(int device) const {
     return file_->context_bytes[device].load(std::memory_order_relaxed);
   }
@@ -123,6 +142,10 @@ class Ledger {
  private:
   bool validate(const char* path, ErrorText& error) const;
   bool attach(const char* path, ErrorText& error);
+  // The header is still the one validated at open.
+  bool intact() const {
+    return std::memcmp(file_, &verified_header_, sizeof verified_header_) == 0;
+  }
 
   SharedMapping mapping_;
   LedgerFile* file_ = nullptr;
@@ -130,6 +153,10 @@ class Ledger {
   DeviceLimits file_limits_;  // as validated at open: later writes to the file change nothing
   Priority file_priority_ = Priority::none;
   DeviceLimits process_limits_;
+  // The creator-written part of the file as validated, through the checksum.
+  unsigned char verified_header_[offsetof(LedgerFile, checksum) + sizeof(std::uint64_t)] = {};
+  char path_[256] = {};
+  ErrorText damage_;
 };
 
 // FNV-1a over the creator-written part of the file.

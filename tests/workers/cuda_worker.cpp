@@ -596,6 +596,18 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (command == "two-step" && argc >= 4) {  // allocate, report; on a line, allocate again
+    start();
+    CUdeviceptr p = 0, q = 0;
+    std::printf("result=%d\n", cuMemAlloc_v2(&p, number(2)));
+    char line[16];
+    if (std::fgets(line, sizeof line, stdin) == nullptr) return 3;
+    std::printf("second_result=%d\n", cuMemAlloc_v2(&q, number(3)));
+    char buffer[16];
+    while (read(STDIN_FILENO, buffer, sizeof buffer) > 0) {
+    }
+    return 0;
+  }
   if (command == "fork" && argc >= 4) {
     start();
     CUdeviceptr p = 0;
@@ -625,6 +637,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "usage: cuda_worker info|init|path NAME BYTES [keep]|lookup MODE BYTES|"
                "stress THREADS ITERATIONS MAX_BYTES SEED|fill CHUNK|churn SEED|hold BYTES|"
-               "fork PARENT_BYTES CHILD_BYTES|exec BYTES|pool-cache BYTES|nvml BYTES\n");
+               "two-step BYTES BYTES|fork PARENT_BYTES CHILD_BYTES|exec BYTES|pool-cache "
+               "BYTES|nvml BYTES\n");
   return 2;
 }
