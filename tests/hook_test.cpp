@@ -111,6 +111,25 @@ INSTANTIATE_TEST_SUITE_P(Hook, AllocationPath,
                          ::testing::Values("alloc", "pitch", "managed", "async", "pool", "vmm",
                                            "array", "array3d", "mipmap"));
 
+TEST(Hook, APoolWhoseReservationCannotBeReadStaysCharged) {
+  ScratchDirectory scratch;
+  // The driver fails every pool attribute query: what the pool holds cannot be read back.
+  const Finished done = run({worker(), "path", "pool", std::to_string(512 * kMiB), "keep"},
+                            limited(scratch, {{"TESSERA_SIM_FAIL", "cuMemPoolGetAttribute"}}));
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  ASSERT_EQ(done.value("result"), "0");
+  EXPECT_GE(kLimit - done.number("after_free"), 512 * kMiB) << "a failed query charged nothing";
+}
+
+TEST(Hook, EveryPoolIsSettledAtASyncPointHoweverMany) {
+  ScratchDirectory scratch;
+  const Finished done =
+      run({worker(), "many-pools", "70", std::to_string(8 * kMiB)}, limited(scratch));
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_EQ(done.number("cached_free"), kLimit - 70 * 8 * kMiB);  // freed, still in the pools
+  EXPECT_EQ(done.number("synced_free"), kLimit) << "pools past the 64th stayed charged";
+}
+
 TEST(Hook, PitchIsChargedAtTheRealPitch) {
   ScratchDirectory scratch;
   // 1,060,000 rows of 1000 bytes fit in 1 GiB; at the driver's 1024-byte pitch they do not.

@@ -86,16 +86,20 @@ CUresult allocate_linear(CUdeviceptr* dptr, std::uint64_t bytes, unsigned manage
 // group is charged each pool's reserved bytes. Pool operations are serialised so that a
 // change in reserved bytes is attributed to the operation that caused it.
 
-std::uint64_t pool_attribute(CUmemoryPool pool, int attribute) {
-  std::uint64_t value = 0;
-  hook().real.cuMemPoolGetAttribute(pool, attribute, &value);
-  return value;
+// False if the driver cannot say: the caller must not take that for zero.
+bool pool_attribute(CUmemoryPool pool, int attribute, std::uint64_t& value) {
+  std::uint64_t answer = 0;
+  if (hook().real.cuMemPoolGetAttribute(pool, attribute, &answer) != CUDA_SUCCESS) return false;
+  value = answer;
+  return true;
 }
 
 // Brings a pool's charge in line with what it has reserved now. Growth we did not
-// pre-charge is charged if it fits; false if it did not.
+// pre-charge is charged if it fits; false if it did not. A pool whose reservation cannot be
+// read keeps its charge: a driver failure must never give memory back that the pool holds.
 bool refresh_pool_locked(CUmemoryPool pool, PoolCharge& record) {
-  const std::uint64_t reserved = pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+  std::uint64_t reserved = 0;
+  if (!pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, reserved)) return true;
   if (reserved < record.charged) {
     uncharge(record.device, record.charged - reserved);
   } else if (reserved > record.charged) {
@@ -116,25 +120,33 @@ void refresh_all_pools() {
       return;
     }
   }
+  // In batches, each copied out under the table lock and refreshed outside it (the driver is
+  // not called with the table locked). Pools are added and removed only under pool_lock,
+  // held throughout, so the table's order is the same from one batch to the next.
+  constexpr int kBatch = 64;
   struct Entry {
     CUmemoryPool pool;
     PoolCharge record;
-  } entries[64];
-  int count = 0;
-  {
-    TableLock locked;
-    state.pools.for_each([&](std::uint64_t key, PoolCharge& record) {
-      if (count < 64 && !record.destroy_pending) {
-        entries[count++] = Entry{reinterpret_cast<CUmemoryPool>(key), record};
-      }
-    });
-  }
-  for (int i = 0; i < count; ++i) {
-    refresh_pool_locked(entries[i].pool, entries[i].record);
-    TableLock locked;
-    if (PoolCharge* record = state.pools.find(reinterpret_cast<std::uint64_t>(entries[i].pool))) {
-      record->charged = entries[i].record.charged;
+  } entries[kBatch];
+  for (int first = 0;; first += kBatch) {
+    int seen = 0, count = 0;
+    {
+      TableLock locked;
+      state.pools.for_each([&](std::uint64_t key, PoolCharge& record) {
+        if (record.destroy_pending) return;
+        if (seen++ >= first && count < kBatch) {
+          entries[count++] = Entry{reinterpret_cast<CUmemoryPool>(key), record};
+        }
+      });
     }
+    for (int i = 0; i < count; ++i) {
+      refresh_pool_locked(entries[i].pool, entries[i].record);
+      TableLock locked;
+      if (PoolCharge* record = state.pools.find(reinterpret_cast<std::uint64_t>(entries[i].pool))) {
+        record->charged = entries[i].record.charged;
+      }
+    }
+    if (count < kBatch) break;
   }
   pthread_mutex_unlock(&state.pool_lock);
 }
@@ -160,7 +172,9 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, CUmemoryPool
   }
   (void)refresh_pool_locked(pool, record);  // catch up with releases at sync points
   const std::uint64_t reserved = record.charged;
-  const std::uint64_t in_use = pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  // Unknown use: none of the reservation is taken to be idle, so the request is charged whole.
+  std::uint64_t in_use = reserved;
+  (void)pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, in_use);
   const std::uint64_t idle = reserved > in_use ? reserved - in_use : 0;
   const std::uint64_t growth = idle >= bytes ? 0 : round_up(bytes - idle, kPoolGrowthUnit);
   bool allowed = charge(record.device, growth);

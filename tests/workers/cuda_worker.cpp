@@ -323,6 +323,27 @@ int pool_cache(std::size_t bytes) {
   return 0;
 }
 
+// COUNT pools of their own, BYTES allocated from each and freed; then a sync point, at which
+// every pool gives back what it holds beyond its release threshold (0).
+int many_pools(int count, std::size_t bytes) {
+  start();
+  for (int i = 0; i < count; ++i) {
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CUmemoryPool pool = nullptr;
+    check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+    CUdeviceptr p = 0;
+    check(cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr), "cuMemAllocFromPoolAsync");
+    check(cuMemFreeAsync(p, nullptr), "cuMemFreeAsync");
+  }
+  print_view("cached_");
+  check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  print_view("synced_");
+  return 0;
+}
+
 int nvml_view() {
   start();
   check(nvmlInit_v2() == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, "nvmlInit");
@@ -556,6 +577,9 @@ int main(int argc, char** argv) {
   }
   if (command == "fill" && argc >= 3) return fill(number(2));
   if (command == "pool-cache" && argc >= 3) return pool_cache(number(2));
+  if (command == "many-pools" && argc >= 4) {
+    return many_pools(static_cast<int>(number(2)), number(3));
+  }
   if (command == "saturate" && argc >= 5) return saturate(argv[2], argv[3], std::atof(argv[4]));
   if (command == "latency" && argc >= 5) {
     return latency(argv[2], static_cast<int>(number(3)), number(4));
