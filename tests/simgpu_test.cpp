@@ -74,6 +74,43 @@ TEST_F(SimulatedDriver, ProcAddressFollowsVersionsFlagsAndStatuses) {
   EXPECT_EQ(proc("cuMemAlloc", &found, 99000, 0, &status), CUDA_ERROR_INVALID_VALUE);
 }
 
+TEST_F(SimulatedDriver, DeviceAttributesAreAnH100sWithTheDevicesOwnShape) {
+  auto init = get<PFN_cuInit>("cuInit");
+  auto attribute = get<CUresult (*)(int*, int, CUdevice)>("cuDeviceGetAttribute");
+  ASSERT_EQ(init(0), CUDA_SUCCESS);
+  int value = -1;
+  // Every attribute a CUDA 12 H100 answers, 1 to 127, is answered (none is left at -1).
+  for (int number = 1; number <= 127; ++number) {
+    if (number == 16 || number == 75 || number == 76) continue;  // the spec's, below
+    value = -1;
+    EXPECT_EQ(attribute(&value, number, 0), CUDA_SUCCESS) << "attribute " << number;
+    EXPECT_GE(value, 0) << "attribute " << number;
+  }
+  const struct {
+    int attribute, device, expected;
+  } answers[] = {
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 0, 2048},
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 0, 1024},
+      {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0, 32},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 0, 232448},
+      {CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 0, 32},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0, 132},
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 1, 108},  // the A100
+      {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 1, 8},
+      {CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0, 0x10},
+      {CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 1, 0x11},
+      {CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 1, 0},
+  };
+  for (const auto& answer : answers) {
+    ASSERT_EQ(attribute(&value, answer.attribute, answer.device), CUDA_SUCCESS);
+    EXPECT_EQ(value, answer.expected) << "attribute " << answer.attribute;
+  }
+  EXPECT_EQ(attribute(&value, 128, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(attribute(&value, 100000, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(attribute(nullptr, 1, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(attribute(&value, 1, 7), CUDA_ERROR_INVALID_DEVICE);
+}
+
 TEST_F(SimulatedDriver, CallsNeedInitialisationAndAContext) {
   auto alloc = get<PFN_cuMemAlloc_v2>("cuMemAlloc_v2");
   auto init = get<PFN_cuInit>("cuInit");
@@ -190,6 +227,26 @@ TEST_P(KernelPath, KernelsTakeTheirTimeOnTheDevice) {
   const sim::BusyTime busy = recorded(scratch, done);
   EXPECT_EQ(busy.process_ns, 40'000'000u);
   EXPECT_EQ(busy.device_ns, 40'000'000u);
+}
+
+TEST(SimulatedMachine, NvmlAnswersTheOlderNamesAndPerProcessUtilisation) {
+  ScratchDirectory scratch;
+  const Finished done = run({worker(), "nvml-peers", "step@2ms", "50"}, simulated(scratch));
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_EQ(done.value("handle_status"), "0");
+  // Before any kernel, no process has a sample: NVML_ERROR_NOT_FOUND, and none to size for.
+  EXPECT_EQ(done.value("idle_size_status"), "6");
+  EXPECT_EQ(done.value("idle_status"), "6");
+  // After 100 ms of kernels: one sample, sized first (NVML_ERROR_INSUFFICIENT_SIZE), its SM
+  // utilisation over the last second as the device's record has it: 100 ms of 1 s, 10 %,
+  // when the host ran the kernels within the second (else some of them fall before it).
+  EXPECT_EQ(done.value("busy_size_status"), "7");
+  EXPECT_EQ(done.value("busy_size"), "1");
+  ASSERT_EQ(done.value("busy_status"), "0") << done.out;
+  EXPECT_GE(done.number("busy_sm_util"), done.number("busy_span_ns") < 900'000'000 ? 10u : 1u);
+  EXPECT_LE(done.number("busy_sm_util"), 100u);
+  EXPECT_EQ(done.value("processes_status"), "0");
+  EXPECT_EQ(done.value("listed_self"), "1");
 }
 
 INSTANTIATE_TEST_SUITE_P(SimulatedMachine, KernelPath,

@@ -39,6 +39,21 @@ struct nvmlProcessInfo_t {
   unsigned int computeInstanceId;
 };
 
+// What nvmlDeviceGetComputeRunningProcesses (version 1) fills in.
+struct nvmlProcessInfo_v1_t {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+};
+
+struct nvmlProcessUtilizationSample_t {
+  unsigned int pid;
+  unsigned long long timeStamp;  // CPU time of the sample, microseconds since the epoch
+  unsigned int smUtil;
+  unsigned int memUtil;
+  unsigned int encUtil;
+  unsigned int decUtil;
+};
+
 inline constexpr int NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96;
 inline constexpr int NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96;
 inline constexpr int NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;

@@ -667,11 +667,48 @@ SIM_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice ordinal) {
   return CUDA_SUCCESS;
 }
 
+// What an H100 SXM answers to cuDeviceGetAttribute (CUDA 12), by attribute number; the
+// device's own spec overrides SMs, compute capability and PCI location. Attributes not
+// listed (128, 130, 131 and those past 132) get CUDA_ERROR_INVALID_VALUE, as from a driver
+// that predates them.
+struct AttributeValue {
+  int attribute, value;
+};
+constexpr AttributeValue kH100Attributes[] = {
+    {1, 1024},        {2, 1024},    {3, 1024},       {4, 64},          {5, 2147483647},
+    {6, 65535},       {7, 65535},   {8, 49152},      {9, 65536},       {10, 32},
+    {11, 2147483647}, {12, 65536},  {13, 1980000},   {14, 512},        {15, 1},
+    {17, 0},          {18, 0},      {19, 1},         {20, 0},          {21, 131072},
+    {22, 131072},     {23, 65536},  {24, 16384},     {25, 16384},      {26, 16384},
+    {27, 32768},      {28, 32768},  {29, 2048},      {30, 512},        {31, 1},
+    {32, 1},          {34, 0},      {35, 0},         {36, 2619000},    {37, 5120},
+    {38, 52428800},   {39, 2048},   {40, 3},         {41, 1},          {42, 32768},
+    {43, 2048},       {44, 0},      {45, 32768},     {46, 32768},      {47, 8192},
+    {48, 8192},       {49, 32768},  {51, 32},        {52, 32768},      {53, 32768},
+    {54, 2046},       {55, 32768},  {56, 131072},    {57, 65536},      {58, 16384},
+    {59, 16384},      {60, 16384},  {61, 32768},     {62, 2048},       {63, 32768},
+    {64, 32768},      {65, 2048},   {66, 32768},     {67, 32768},      {68, 2046},
+    {69, 268435456},  {70, 131072}, {71, 65000},     {72, 2097120},    {73, 32768},
+    {74, 32768},      {77, 32768},  {78, 1},         {79, 1},          {80, 1},
+    {81, 233472},     {82, 65536},  {83, 1},         {84, 0},          {85, 0},
+    {86, 0},          {87, 2},      {88, 0},         {89, 1},          {90, 1},
+    {91, 1},          {92, 1},      {93, 1},         {94, 1},          {95, 1},
+    {96, 1},          {97, 232448}, {98, 0},         {99, 1},          {100, 0},
+    {101, 0},         {102, 1},     {103, 1},        {104, 0},         {105, 0},
+    {106, 32},        {107, 1},     {108, 33554432}, {109, 134213632}, {110, 1},
+    {111, 1024},      {112, 1},     {113, 1},        {114, 1},         {115, 1},
+    {116, 1},         {117, 1},     {118, 100},      {119, 1},         {120, 1},
+    {121, 1},         {122, 1},     {123, 1},        {124, 1},         {125, 1},
+    {126, 4},         {127, 1},     {129, 0},        {132, 0},
+};
+
 SIM_EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice ordinal) {
   int index = 0;
   if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const DeviceSpec& spec = spec_of(index);
+  unsigned domain = 0, bus = 0, device = 0;
+  std::sscanf(spec.pci_bus_id, "%x:%x:%x", &domain, &bus, &device);
   switch (attribute) {
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
       *value = spec.sm_count;
@@ -682,11 +719,19 @@ SIM_EXPORT CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice ord
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
       *value = spec.cc_minor;
       return CUDA_SUCCESS;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-      *value = 1;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      *value = static_cast<int>(bus);
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+      *value = static_cast<int>(domain);
       return CUDA_SUCCESS;
     default:
+      for (const AttributeValue& known : kH100Attributes) {
+        if (known.attribute == attribute) {
+          *value = known.value;
+          return CUDA_SUCCESS;
+        }
+      }
       return CUDA_ERROR_INVALID_VALUE;
   }
 }

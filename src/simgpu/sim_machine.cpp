@@ -285,6 +285,27 @@ BusyTime Machine::busy(int device, std::int32_t pid, std::uint64_t from_ns, std:
   return busy;
 }
 
+int Machine::busy_processes(int device, std::uint64_t from_ns, std::uint64_t to_ns,
+                            std::int32_t* pids, std::uint64_t* busy_ns, int capacity) {
+  advance(device);
+  int count = 0;
+  walk_record(*file_, from_ns, [&](const TimelineEntry& entry) {
+    if (entry.device != device) return;
+    const std::uint64_t start = entry.start_ns > from_ns ? entry.start_ns : from_ns;
+    const std::uint64_t end = entry.end_ns < to_ns ? entry.end_ns : to_ns;
+    if (end <= start) return;
+    int slot = 0;
+    while (slot < count && pids[slot] != entry.pid) ++slot;
+    if (slot == count) {
+      if (count == capacity) return;  // the rest are left out, as a full buffer would
+      pids[count] = entry.pid;
+      busy_ns[count++] = 0;
+    }
+    busy_ns[slot] += end - start;
+  });
+  return count;
+}
+
 int Machine::pieces(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns,
                     WorkPiece* out, int capacity) {
   advance(device);

@@ -119,6 +119,10 @@ class Machine {
   std::uint64_t wait(int device, std::uint64_t ticket);
   // What the record says about [from_ns, to_ns) on device, for pid (0: nobody in particular).
   BusyTime busy(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns);
+  // The processes that ran on device within [from_ns, to_ns) and for how long each, up to
+  // `capacity` of them; returns how many are stored.
+  int busy_processes(int device, std::uint64_t from_ns, std::uint64_t to_ns, std::int32_t* pids,
+                     std::uint64_t* busy_ns, int capacity);
   // The kernels pid ran on device that first started within [from_ns, to_ns), in the order
   // they ended, each from its first start to its end; returns how many there were (up to
   // `capacity` are stored), or -1 if the record no longer reaches back to the window.

@@ -1,11 +1,13 @@
 // The simulated NVML (libnvidia-ml.so.1). Like the real one it ignores
 // CUDA_VISIBLE_DEVICES and reports every device of the machine.
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "cuda_abi/nvml_abi.h"
 #include "simgpu/sim_machine.h"
@@ -109,6 +111,11 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDe
   return NVML_SUCCESS;
 }
 
+// The first NVML's name for it, still exported by every driver.
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t* device) {
+  return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
   if (!initialized) return NVML_ERROR_UNINITIALIZED;
   if (uuid == nullptr || device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
@@ -169,9 +176,12 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
   return NVML_SUCCESS;
 }
 
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                                unsigned int* count,
-                                                                nvmlProcessInfo_t* infos) {
+namespace {
+
+// The device's processes (those holding memory on it) into `infos`, NVML's way: the count
+// is set whatever happens, and too small a buffer is NVML_ERROR_INSUFFICIENT_SIZE.
+template <typename Info, typename Fill>
+nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* count, Info* infos, Fill fill) {
   int index = 0;
   if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
@@ -183,8 +193,80 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev
   if (static_cast<unsigned>(found) > capacity || (found > 0 && infos == nullptr)) {
     return NVML_ERROR_INSUFFICIENT_SIZE;
   }
-  for (int i = 0; i < found; ++i) {
-    infos[i] = nvmlProcessInfo_t{static_cast<unsigned>(pids[i]), used[i], 0xFFFFFFFFu, 0xFFFFFFFFu};
+  for (int i = 0; i < found; ++i) infos[i] = fill(static_cast<unsigned>(pids[i]), used[i]);
+  return NVML_SUCCESS;
+}
+
+nvmlProcessInfo_t process_info(unsigned pid, std::uint64_t used) {
+  return nvmlProcessInfo_t{pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu};
+}
+
+}  // namespace
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                                unsigned int* count,
+                                                                nvmlProcessInfo_t* infos) {
+  return running_processes(device, count, infos, process_info);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                                unsigned int* count,
+                                                                nvmlProcessInfo_t* infos) {
+  return running_processes(device, count, infos, process_info);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                             unsigned int* count,
+                                                             nvmlProcessInfo_v1_t* infos) {
+  return running_processes(device, count, infos, [](unsigned pid, std::uint64_t used) {
+    return nvmlProcessInfo_v1_t{pid, used};
+  });
+}
+
+// One sample per process that ran on the device since lastSeenTimeStamp (at most the last
+// second), its SM utilisation read from the device's own record of what ran when.
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                        nvmlProcessUtilizationSample_t* samples,
+                                                        unsigned int* count,
+                                                        unsigned long long last_seen_us) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  timespec wall{};
+  clock_gettime(CLOCK_REALTIME, &wall);
+  const std::uint64_t now_us = static_cast<std::uint64_t>(wall.tv_sec) * 1'000'000 +
+                               static_cast<std::uint64_t>(wall.tv_nsec) / 1000;
+  const std::uint64_t now_ns = tessera::monotonic_ns();
+  constexpr std::uint64_t kWindowUs = 1'000'000;
+  std::uint64_t window_us = kWindowUs;
+  if (last_seen_us != 0 && last_seen_us < now_us && now_us - last_seen_us < window_us) {
+    window_us = now_us - last_seen_us;
   }
+  if (last_seen_us >= now_us) return NVML_ERROR_NOT_FOUND;
+  const std::uint64_t from_ns = now_ns > window_us * 1000 ? now_ns - window_us * 1000 : 0;
+  std::int32_t pids[tessera::kMaxMembers];
+  std::uint64_t busy_ns[tessera::kMaxMembers];
+  const int ran_count =
+      machine().busy_processes(index, from_ns, now_ns, pids, busy_ns, tessera::kMaxMembers);
+  nvmlProcessUtilizationSample_t found[tessera::kMaxMembers];
+  unsigned ran = 0;
+  for (int i = 0; i < ran_count; ++i) {
+    const std::uint64_t percent = (busy_ns[i] * 100 + window_us * 500) / (window_us * 1000);
+    found[ran++] =
+        nvmlProcessUtilizationSample_t{static_cast<unsigned>(pids[i]),
+                                       now_us,
+                                       static_cast<unsigned>(percent > 100 ? 100 : percent),
+                                       0,
+                                       0,
+                                       0};
+  }
+  if (ran == 0) {
+    *count = 0;
+    return NVML_ERROR_NOT_FOUND;
+  }
+  const unsigned capacity = *count;
+  *count = ran;
+  if (samples == nullptr || capacity < ran) return NVML_ERROR_INSUFFICIENT_SIZE;
+  for (unsigned i = 0; i < ran; ++i) samples[i] = found[i];
   return NVML_SUCCESS;
 }

@@ -33,6 +33,15 @@ TESSERA_CUDA_PASSTHROUGH(TESSERA_DECLARE_DRIVER)
 TESSERA_NVML_HOOKED(TESSERA_DECLARE_NVML)
 TESSERA_NVML_PASSTHROUGH(TESSERA_DECLARE_NVML)
 #undef TESSERA_DECLARE_NVML
+// Older names tools still call; the hook leaves them to the driver.
+extern "C" nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t* device);
+extern "C" nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                             unsigned int* count,
+                                                             nvmlProcessInfo_v1_t* infos);
+extern "C" nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                        nvmlProcessUtilizationSample_t* samples,
+                                                        unsigned int* count,
+                                                        unsigned long long last_seen_us);
 
 namespace {
 
@@ -487,6 +496,49 @@ int saturate(const std::string& mode, const char* name, double seconds) {
   return 0;
 }
 
+// What tools that watch a GPU ask NVML with the older names: the first handle lookup, the
+// version-1 process list, and per-process utilisation, before and after COUNT kernels NAME.
+int nvml_peers(const char* name, int count) {
+  const LoadedKernel kernel = load_kernel(name);
+  CUdeviceptr held = 0;  // a process NVML lists holds memory on the device
+  check(cuMemAlloc_v2(&held, 1 << 20), "cuMemAlloc");
+  check(nvmlInit_v2() == NVML_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, "nvmlInit");
+  nvmlDevice_t device = nullptr;
+  std::printf("handle_status=%d\n", nvmlDeviceGetHandleByIndex(0, &device));
+  auto utilization = [&](const char* when) {
+    nvmlProcessUtilizationSample_t samples[16];
+    unsigned samples_count = 0;
+    const nvmlReturn_t sized = nvmlDeviceGetProcessUtilization(device, nullptr, &samples_count, 0);
+    std::printf("%s_size_status=%d\n%s_size=%u\n", when, sized, when, samples_count);
+    samples_count = 16;
+    const nvmlReturn_t status = nvmlDeviceGetProcessUtilization(device, samples, &samples_count, 0);
+    std::printf("%s_status=%d\n", when, status);
+    for (unsigned i = 0; status == NVML_SUCCESS && i < samples_count; ++i) {
+      if (samples[i].pid == static_cast<unsigned>(getpid())) {
+        std::printf("%s_sm_util=%u\n", when, samples[i].smUtil);
+      }
+    }
+  };
+  utilization("idle");
+  const std::uint64_t first_launch_ns = monotonic_ns();
+  for (int i = 0; i < count; ++i) {
+    check(cuLaunchKernel(kernel.function, 1, 1, 1, 128, 1, 1, 0, kernel.stream, nullptr, nullptr),
+          "cuLaunchKernel");
+  }
+  check(cuStreamSynchronize(kernel.stream), "cuStreamSynchronize");
+  std::printf("busy_span_ns=%llu\n",
+              static_cast<unsigned long long>(monotonic_ns() - first_launch_ns));
+  utilization("busy");
+  nvmlProcessInfo_v1_t infos[16];
+  unsigned infos_count = 16;
+  std::printf("processes_status=%d\n",
+              nvmlDeviceGetComputeRunningProcesses(device, &infos_count, infos));
+  for (unsigned i = 0; i < infos_count; ++i) {
+    if (infos[i].pid == static_cast<unsigned>(getpid())) std::printf("listed_self=1\n");
+  }
+  return 0;
+}
+
 // An interactive workload: COUNT times, launches one kernel named NAME and waits for it,
 // then idles IDLE_US. Prints its window, when it made each launch call (to be matched with
 // the device's record of when each kernel finished) and the run-queue delay the host added to
@@ -577,6 +629,7 @@ int main(int argc, char** argv) {
   }
   if (command == "fill" && argc >= 3) return fill(number(2));
   if (command == "pool-cache" && argc >= 3) return pool_cache(number(2));
+  if (command == "nvml-peers" && argc >= 4) return nvml_peers(argv[2], static_cast<int>(number(3)));
   if (command == "many-pools" && argc >= 4) {
     return many_pools(static_cast<int>(number(2)), number(3));
   }
