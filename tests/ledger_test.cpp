@@ -418,14 +418,22 @@ void overwrite(const std::string& path, std::size_t offset, unsigned char byte, 
   patch(path, offset, bytes.data(), bytes.size());
 }
 
-TEST(Ledger, ALedgerZeroedUnderItsMembersGivesEachAClearErrorAndNeverMore) {
+// A group of 1000 bytes in a scratch directory: one member holding 900, one holding none.
+struct HeldGroup {
   ScratchDirectory scratch;
-  const std::string path = scratch.file("g.ledger");
-  create(path, 1000);
+  std::string path = scratch.file("g.ledger");
   Ledger holder, newcomer;
-  joined(holder, path);
-  joined(newcomer, path);
-  ASSERT_TRUE(holder.reserve(0, 900));
+  HeldGroup() {
+    create(path, 1000);
+    joined(holder, path);
+    joined(newcomer, path);
+    EXPECT_TRUE(holder.reserve(0, 900));
+  }
+};
+
+TEST(Ledger, ALedgerZeroedUnderItsMembersGivesEachAClearErrorAndNeverMore) {
+  HeldGroup group;
+  auto& [scratch, path, holder, newcomer] = group;
   overwrite(path, 0, 0, sizeof(LedgerFile));  // as `dd if=/dev/zero conv=notrunc`
   EXPECT_FALSE(newcomer.reserve(0, 500)) << "the zeroed ledger lifted the limit";
   EXPECT_FALSE(holder.reserve(0, 50));
@@ -458,13 +466,8 @@ TEST(Ledger, AccountsWrittenOverAreNoticedAndGrantNothingMore) {
       {"holder's slot garbled", slot0 + offsetof(MemberAccount, state), 0x5a, 4, "no member"},
   };
   for (const auto& damage : damages) {
-    ScratchDirectory scratch;
-    const std::string path = scratch.file("g.ledger");
-    create(path, 1000);
-    Ledger holder, newcomer;
-    joined(holder, path);
-    joined(newcomer, path);
-    ASSERT_TRUE(holder.reserve(0, 900));
+    HeldGroup group;
+    auto& [scratch, path, holder, newcomer] = group;
     overwrite(path, damage.offset, damage.byte, damage.size);
     // In a child: before its fix, a lock of another type aborted on a glibc assertion.
     const int status = in_child([&] {

@@ -19,7 +19,8 @@ namespace tessera {
 namespace {
 
 constexpr off_t kLivenessBase = off_t{1} << 40;
-constexpr off_t kUseByte = kLivenessBase - 1;
+// The byte just before the members' liveness locks marks a file kept in use.
+constexpr int kUseIndex = -1;
 
 bool set_size_and_map(int fd, std::size_t size, bool resize, SharedMapping& mapping,
                       const char* what, ErrorText& error) {
@@ -199,11 +200,7 @@ bool liveness_lock_held_by_other(int fd, int index) {
 }
 
 bool hold_shared_use(int fd) {
-  struct flock lock {};
-  lock.l_type = F_RDLCK;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = kUseByte;
-  lock.l_len = 1;
+  struct flock lock = byte_lock(F_RDLCK, kUseIndex);
   int result = 0;
   while ((result = fcntl(fd, F_OFD_SETLKW, &lock)) != 0 && errno == EINTR) {
   }
@@ -211,11 +208,7 @@ bool hold_shared_use(int fd) {
 }
 
 bool try_exclusive_use(int fd) {
-  struct flock lock {};
-  lock.l_type = F_WRLCK;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = kUseByte;
-  lock.l_len = 1;
+  struct flock lock = byte_lock(F_WRLCK, kUseIndex);
   return fcntl(fd, F_OFD_SETLK, &lock) == 0;
 }
 

@@ -87,6 +87,17 @@ void print_view(const char* prefix) {
 
 // Allocates `bytes` through one named path; prints result=<CUresult>. Leaves it allocated
 // when `keep`, else frees it and checks the free succeeded.
+// A pool of device memory on device 0, of its own (not the device's default pool).
+CUmemoryPool new_device_pool() {
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool pool = nullptr;
+  check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+  return pool;
+}
+
 int allocate_via(const std::string& path, std::size_t bytes, bool keep) {
   CUresult result = CUDA_ERROR_INVALID_VALUE;
   if (path == "alloc") {
@@ -112,12 +123,7 @@ int allocate_via(const std::string& path, std::size_t bytes, bool keep) {
       check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
     }
   } else if (path == "pool") {
-    CUmemPoolProps props{};
-    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = 0;
-    CUmemoryPool pool = nullptr;
-    check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+    CUmemoryPool pool = new_device_pool();
     CUdeviceptr p = 0;
     result = cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr);
     if (result == CUDA_SUCCESS && !keep) {
@@ -337,12 +343,7 @@ int pool_cache(std::size_t bytes) {
 int many_pools(int count, std::size_t bytes) {
   start();
   for (int i = 0; i < count; ++i) {
-    CUmemPoolProps props{};
-    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = 0;
-    CUmemoryPool pool = nullptr;
-    check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+    CUmemoryPool pool = new_device_pool();
     CUdeviceptr p = 0;
     check(cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr), "cuMemAllocFromPoolAsync");
     check(cuMemFreeAsync(p, nullptr), "cuMemFreeAsync");
