@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Users clone this repository alone: nothing in it may read files beside it (the developers'
-# ../shared folder in particular). Fails, naming the places, if anything refers there.
+# shared folder next to the clone in particular). Fails, naming the places, if anything
+# refers there.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
-pattern='\.\./shared'
+# Spelled in parts, so that this script does not name the folder itself.
+folder=shared
+pattern="\\.\\./${folder}"
 # Tracked files where this is a git clone; otherwise every file outside the build trees.
 list_files() {
   if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
@@ -13,9 +16,8 @@ list_files() {
     find . -path ./.git -prune -o -path './build*' -prune -o -type f -printf '%P\0'
   fi
 }
-if found=$(list_files | xargs -0 grep -In -e "$pattern" -- 2>/dev/null |
-           grep -v '^scripts/checks/standalone.sh:'); then
-  echo "these refer to ../shared, which a clone does not have:"
+if found=$(list_files | xargs -0 grep -In -e "$pattern" -- 2>/dev/null); then
+  echo "these refer to the folder beside the clone, which a user's clone does not have:"
   echo "$found"
   exit 1
 fi
