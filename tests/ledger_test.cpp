@@ -484,12 +484,8 @@ TEST(Ledger, AccountsWrittenOverAreNoticedAndGrantNothingMore) {
 TEST(Ledger, RandomBytesWrittenIntoALedgerInUseNeverAbortAndNeverGrantMore) {
   std::mt19937 random(20261203);
   for (int round = 0; round < 200; ++round) {
-    ScratchDirectory scratch;
-    const std::string path = scratch.file("g.ledger");
-    create(path, 1000);
-    Ledger holder;
-    joined(holder, path);
-    ASSERT_TRUE(holder.reserve(0, 900));
+    HeldGroup group;
+    auto& [scratch, path, holder, newcomer] = group;
     // A span of 1 to 64 random bytes anywhere in the file, the lock word excepted: a lock
     // that no one will ever release makes each request wait out the lock's timeout, which
     // Ledger.ALockThatIsNeverReleasedRefusesWithinItsTimeout covers.
@@ -504,11 +500,12 @@ TEST(Ledger, RandomBytesWrittenIntoALedgerInUseNeverAbortAndNeverGrantMore) {
     patch(path, offset, bytes.data(), bytes.size());
     const int status = in_child([&] {
       holder.usage(0);
-      if (holder.reserve(0, 200)) return false;  // 1100 of 1000
-      Ledger newcomer;
+      if (holder.reserve(0, 200)) return false;    // 1100 of 1000
+      if (newcomer.reserve(0, 200)) return false;  // joined before the damage
+      Ledger late;
       ErrorText error;
-      if (!newcomer.open(path.c_str(), error) || !newcomer.join(error)) return true;
-      return !newcomer.reserve(0, 200);
+      if (!late.open(path.c_str(), error) || !late.join(error)) return true;
+      return !late.reserve(0, 200);
     });
     EXPECT_EQ(status, 0) << size << " bytes at " << offset;
   }
