@@ -2,6 +2,8 @@
 // directly in the same process and run:
 //   - a cuMemAlloc/cuMemFree pair with a memory limit in force (target: < 200 ns added);
 //   - a cuLaunchKernel with no compute limit (target: < 10 ns added);
+//   - under a compute share, a launch the driver rejects (target: no dearer than an accepted
+//     one, and no slower launches after it);
 //   - alloc/free throughput of 1 and 8 processes in one group (target: 8 within 2x of 1).
 // bench/run.sh runs it with repetitions and reports medians and ratios.
 #include <benchmark/benchmark.h>
@@ -132,6 +134,30 @@ void LaunchKernelTimed(benchmark::State& state) {
   state.SetLabel(state.range(0) == 0 ? "direct" : "hooked");
 }
 BENCHMARK(LaunchKernelTimed)->Arg(0)->Arg(1);
+
+// A rejected launch (the zero-block grid) before each real one: under a compute share the
+// pair should cost what the two launches cost apart, so a rejected launch neither costs more
+// than an accepted one nor slows the launches after it.
+void LaunchKernelAfterRejected(benchmark::State& state) {
+  Driver& driver = pick(static_cast<int>(state.range(0)));
+  start(driver);
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  driver.load(&module, "kernels");
+  driver.function(&function, module, "tiny@1us");
+  auto synchronize = reinterpret_cast<PFN_cuCtxSynchronize>(
+      dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuCtxSynchronize"));
+  long launches = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        driver.launch(function, 0, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
+    benchmark::DoNotOptimize(
+        driver.launch(function, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
+    if (++launches % 64 == 0) synchronize();
+  }
+  state.SetLabel(state.range(0) == 0 ? "direct" : "hooked");
+}
+BENCHMARK(LaunchKernelAfterRejected)->Arg(0)->Arg(1);
 
 // N processes in one group, each doing `kPairs` alloc/free pairs; items/s is the total.
 void ContendedAllocFree(benchmark::State& state) {

@@ -18,7 +18,7 @@ LD_LIBRARY_PATH=$build/sim "$build/bench/bench_hook" \
   --benchmark_out="$scratch/results.json" --benchmark_out_format=json >/dev/null
 # The same launches once more with a compute share in force: every hooked launch is paced.
 TESSERA_CORE_LIMIT=100 LD_LIBRARY_PATH=$build/sim "$build/bench/bench_hook" \
-  --benchmark_filter=LaunchKernelTimed \
+  --benchmark_filter=LaunchKernel \
   --benchmark_repetitions="${REPETITIONS:-7}" --benchmark_min_time=0.3 \
   --benchmark_out="$scratch/limited.json" --benchmark_out_format=json >/dev/null
 # And with a low priority (no high-priority work about): every launch looks for it first.

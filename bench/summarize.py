@@ -38,6 +38,17 @@ def main():
         verdict = "" if target is None else (" < 1 us: met" if hooked - direct < target else " < 1 us: MISSED")
         print(f"| {label} | {direct:.1f} ns | {hooked:.1f} ns | {hooked - direct:.1f} ns | "
               f"{hooked / direct:.2f}x |{verdict} |")
+    # Under the share: a rejected launch alone, an accepted one alone, and the two in turn.
+    rejected = limited["LaunchKernel/1"]["real_time"]
+    accepted = limited["LaunchKernelTimed/1"]["real_time"]
+    pair = limited["LaunchKernelAfterRejected/1"]["real_time"]
+    apart = accepted + rejected
+    print(f"| rejected cuLaunchKernel, 100 % share | accepted: {accepted:.1f} ns | "
+          f"{rejected:.1f} ns | | {rejected / accepted:.2f}x of accepted | "
+          f"<= 1x: {'met' if rejected <= accepted else 'MISSED'} |")
+    print(f"| rejected + accepted launch in turn, 100 % share | apart: {apart:.1f} ns | "
+          f"{pair:.1f} ns | {pair - apart:.1f} ns | {pair / apart:.2f}x | "
+          f"< 1.1x: {'met' if pair < 1.1 * apart else 'MISSED'} |")
     print()
     print("| alloc/free pairs per second, one group | direct | hooked |")
     print("|---|---|---|")

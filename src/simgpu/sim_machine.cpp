@@ -195,24 +195,35 @@ void Machine::advance(int device) {
 void Machine::advance_locked(int device, std::uint64_t now_ns) {
   DeviceSchedule& schedule = file_->schedules[device];
   if (now_ns <= schedule.resolved_ns) return;
+  PendingWork* const pending = schedule.pending;
+  const std::uint32_t count = schedule.count <= kPendingPerDevice ? schedule.count : 0;
+  // Work is queued in arrival order (each arrival is read under the lock, never before what
+  // is resolved), so a scan ends at the first piece that has not arrived. Finished work is
+  // marked with ticket 0 and removed in one pass at the end: a full queue of markers is
+  // then worked out in linear time, as a driver retires them, not in quadratic.
+  std::uint32_t first_live = 0;
+  auto first_arrived = [&](std::uint64_t time, bool current, std::uint64_t* next_arrival) {
+    for (std::uint32_t i = first_live; i < count; ++i) {
+      const PendingWork& work = pending[i];
+      if (work.ticket == 0) continue;
+      if (work.arrival_ns > time) {
+        if (next_arrival != nullptr) *next_arrival = work.arrival_ns;
+        return -1;
+      }
+      if ((work.pid == schedule.current_pid) == current) return static_cast<int>(i);
+    }
+    return -1;
+  };
   std::uint64_t time = schedule.resolved_ns;
-  while (time < now_ns && schedule.count > 0) {
+  for (;;) {
+    while (first_live < count && pending[first_live].ticket == 0) ++first_live;
+    if (time >= now_ns || first_live == count) break;
     // Who may run at `time`: the current process if it has work that has arrived and slice
     // left or nobody else waiting; else the process whose waiting work came first.
-    int mine = -1, other = -1;
     std::uint64_t next_arrival = UINT64_MAX;
-    for (std::uint32_t i = 0; i < schedule.count; ++i) {
-      const PendingWork& work = schedule.pending[i];
-      if (work.arrival_ns > time) {
-        if (work.arrival_ns < next_arrival) next_arrival = work.arrival_ns;
-        continue;
-      }
-      if (work.pid == schedule.current_pid) {
-        if (mine < 0) mine = static_cast<int>(i);
-      } else if (other < 0) {
-        other = static_cast<int>(i);
-      }
-    }
+    int mine = first_arrived(time, true, &next_arrival);
+    const bool choose = mine < 0 || schedule.slice_left_ns == 0;
+    const int other = choose ? first_arrived(time, false, &next_arrival) : -1;
     if (mine < 0 && other < 0) {  // idle until the next arrival, which gets a whole slice
       schedule.current_pid = 0;
       schedule.slice_left_ns = 0;
@@ -220,16 +231,16 @@ void Machine::advance_locked(int device, std::uint64_t now_ns) {
       continue;
     }
     if (mine < 0 || (schedule.slice_left_ns == 0 && other >= 0)) {
-      if (mine >= 0 && schedule.pending[mine].run_start_ns != 0) {
-        record_run(device, schedule.pending[mine], time);  // its slice is over: preempted
+      if (mine >= 0 && pending[mine].run_start_ns != 0) {
+        record_run(device, pending[mine], time);  // its slice is over: preempted
       }
       mine = other;
-      schedule.current_pid = schedule.pending[mine].pid;
+      schedule.current_pid = pending[mine].pid;
       schedule.slice_left_ns = kTimeSliceNs;
     } else if (schedule.slice_left_ns == 0) {
       schedule.slice_left_ns = kTimeSliceNs;  // alone: it keeps the device
     }
-    PendingWork& work = schedule.pending[mine];
+    PendingWork& work = pending[mine];
     std::uint64_t run = work.remaining_ns;
     if (run > schedule.slice_left_ns) run = schedule.slice_left_ns;
     if (run > now_ns - time) run = now_ns - time;
@@ -243,11 +254,14 @@ void Machine::advance_locked(int device, std::uint64_t now_ns) {
       Completion& completion = file_->completions[work.ticket % kCompletions];
       completion.end_ns = time;
       completion.ticket.store(work.ticket, std::memory_order_release);
-      std::memmove(&schedule.pending[mine], &schedule.pending[mine + 1],
-                   (schedule.count - static_cast<std::uint32_t>(mine) - 1) * sizeof(PendingWork));
-      --schedule.count;
+      work.ticket = 0;
     }
   }
+  std::uint32_t kept = 0;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    if (pending[i].ticket != 0) pending[kept++] = pending[i];
+  }
+  schedule.count = kept;
   schedule.resolved_ns = now_ns;
 }
 
