@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -417,6 +418,39 @@ void overwrite(const std::string& path, std::size_t offset, unsigned char byte, 
   const std::vector<unsigned char> bytes(size, byte);
   patch(path, offset, bytes.data(), bytes.size());
 }
+// Each locked step looks only at the slots below the bound, so the bound must cover every
+// live member, however members come and go, and shrink again when the top ones have gone.
+TEST(Ledger, TheSlotBoundCoversEveryLiveMemberAndShrinksWhenTheTopOnesGo) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.file("g.ledger");
+  create(path, 1000);
+  Ledger observer;
+  ErrorText error;
+  ASSERT_TRUE(observer.open(path.c_str(), error)) << error.text;
+  const auto bound = [&] { return observer.file()->accounts.slot_bound.load(); };
+  EXPECT_EQ(bound(), 0u);
+  auto first = std::make_unique<Ledger>();
+  auto second = std::make_unique<Ledger>();
+  joined(*first, path);
+  joined(*second, path);
+  EXPECT_EQ(bound(), 2u);
+  const pid_t top = member_holding(path, 300);  // slot 2
+  EXPECT_EQ(bound(), 3u);
+  EXPECT_FALSE(first->reserve(0, 701)) << "the member in the top slot was not counted";
+  first.reset();  // slot 0 left: the bound stays, slots 1 and 2 are live
+  EXPECT_EQ(bound(), 3u);
+  kill_and_reap(top);
+  EXPECT_EQ(observer.usage(0).used, 0u);  // reclaimed, and the bound lowered past it
+  EXPECT_EQ(bound(), 2u);
+  EXPECT_TRUE(second->reserve(0, 1000));
+  second.reset();  // closed as at exit: the next locked step reclaims it
+  EXPECT_EQ(observer.usage(0).used, 0u);
+  EXPECT_EQ(bound(), 0u);
+  Ledger late;
+  joined(late, path);  // the lowest free slot again
+  EXPECT_EQ(bound(), 1u);
+  EXPECT_TRUE(late.reserve(0, 1000));
+}
 
 // A group of 1000 bytes in a scratch directory: one member holding 900, one holding none.
 struct HeldGroup {
@@ -464,6 +498,10 @@ TEST(Ledger, AccountsWrittenOverAreNoticedAndGrantNothingMore) {
       {"holder's counter zeroed", slot0 + offsetof(MemberAccount, used), 0, 8, "not the sum"},
       {"holder's slot freed", slot0 + offsetof(MemberAccount, state), 0, 4, "not the sum"},
       {"holder's slot garbled", slot0 + offsetof(MemberAccount, state), 0x5a, 4, "no member"},
+      {"slot bound past the slots", accounts + offsetof(SharedAccounts, slot_bound), 0xff, 4,
+       "bound on the member slots"},
+      {"slot bound below the members", accounts + offsetof(SharedAccounts, slot_bound), 0, 4,
+       "bound on the member slots"},
   };
   for (const auto& damage : damages) {
     HeldGroup group;

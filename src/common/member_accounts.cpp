@@ -62,8 +62,14 @@ bool MemberAccounts::lock() {
 }
 
 bool MemberAccounts::sound_locked(int device) {
+  const std::uint32_t bound = accounts_->slot_bound.load(std::memory_order_relaxed);
+  if (bound > kMaxMembers || (my_slot_ >= 0 && static_cast<std::uint32_t>(my_slot_) >= bound)) {
+    damage_ = "its bound on the member slots in use was written over";
+    return false;
+  }
   std::uint64_t total = 0;
-  for (const MemberAccount& member : accounts_->members) {
+  for (std::uint32_t slot = 0; slot < bound; ++slot) {
+    const MemberAccount& member = accounts_->members[slot];
     const std::uint32_t state = member.state.load(std::memory_order_relaxed);
     if (state != kMemberFree && state != kMemberLive) {
       damage_ = "a member slot is in a state no member could have left";
@@ -83,7 +89,9 @@ bool MemberAccounts::sound_locked(int device) {
       damage_ = "this member's slot was freed by something else";
       return false;
     }
-    for (int d = 0; d < kMaxDevices; ++d) {
+    // The device this step touches (each device is checked when it is touched), or all.
+    const int first = device >= 0 ? device : 0, last = device >= 0 ? device : kMaxDevices - 1;
+    for (int d = first; d <= last; ++d) {
       if (me.used[d].load(std::memory_order_relaxed) != my_used_[d]) {
         damage_ = "this member's counters were changed by something else";
         return false;
@@ -101,7 +109,8 @@ bool MemberAccounts::checked_lock(int device) {
 }
 
 void MemberAccounts::reap_dead_locked() {
-  for (int slot = 0; slot < kMaxMembers; ++slot) {
+  const int slots = slots_locked();
+  for (int slot = 0; slot < slots; ++slot) {
     MemberAccount& member = accounts_->members[slot];
     if (slot == my_slot_ || member.state.load(std::memory_order_relaxed) != kMemberLive) continue;
     if (liveness_lock_held_by_other(fd_, slot)) continue;
@@ -113,12 +122,23 @@ void MemberAccounts::reap_dead_locked() {
     member.state.store(kMemberFree, std::memory_order_release);
     accounts_->members_reclaimed.fetch_add(1, std::memory_order_relaxed);
   }
+  lower_slot_bound_locked();
+}
+
+void MemberAccounts::lower_slot_bound_locked() {
+  std::uint32_t bound = accounts_->slot_bound.load(std::memory_order_relaxed);
+  while (bound > 0 &&
+         accounts_->members[bound - 1].state.load(std::memory_order_relaxed) == kMemberFree) {
+    --bound;
+  }
+  accounts_->slot_bound.store(bound, std::memory_order_relaxed);
 }
 
 void MemberAccounts::rebuild_totals_locked() {
   for (int device = 0; device < kMaxDevices; ++device) {
     std::uint64_t total = 0;
-    for (const MemberAccount& member : accounts_->members) {
+    for (int slot = 0; slot < slots_locked(); ++slot) {
+      const MemberAccount& member = accounts_->members[slot];
       if (member.state.load(std::memory_order_relaxed) == kMemberLive) {
         total += member.used[device].load(std::memory_order_relaxed);
       }
@@ -140,6 +160,9 @@ bool MemberAccounts::join(ErrorText& error) {
     if (!take_liveness_lock(fd_, slot)) continue;
     for (auto& used : member.used) used.store(0, std::memory_order_relaxed);
     member.pid = static_cast<std::int32_t>(getpid());
+    if (slot >= slots_locked()) {  // first: a joiner killed here leaves only a free slot below
+      accounts_->slot_bound.store(static_cast<std::uint32_t>(slot) + 1, std::memory_order_relaxed);
+    }
     member.state.store(kMemberLive, std::memory_order_release);
     my_slot_ = slot;
     for (auto& bytes : my_used_) bytes = 0;
@@ -160,6 +183,7 @@ void MemberAccounts::leave() {
     }
     member.pid = 0;
     member.state.store(kMemberFree, std::memory_order_release);
+    lower_slot_bound_locked();
     unlock();
   }
   // Damaged or not, this process is no longer a member: others may reclaim the slot.
@@ -225,7 +249,8 @@ int MemberAccounts::live_members() {
   if (!checked_lock(-1)) return -1;
   reap_dead_locked();
   int live = 0;
-  for (const MemberAccount& member : accounts_->members) {
+  for (int slot = 0; slot < slots_locked(); ++slot) {
+    const MemberAccount& member = accounts_->members[slot];
     if (member.state.load(std::memory_order_relaxed) == kMemberLive) ++live;
   }
   unlock();
@@ -236,7 +261,8 @@ int MemberAccounts::live_pids(std::int32_t* pids, int capacity) {
   if (!checked_lock(-1)) return 0;
   reap_dead_locked();
   int count = 0;
-  for (const MemberAccount& member : accounts_->members) {
+  for (int slot = 0; slot < slots_locked(); ++slot) {
+    const MemberAccount& member = accounts_->members[slot];
     if (member.state.load(std::memory_order_relaxed) != kMemberLive) continue;
     if (count < capacity) pids[count] = member.pid;
     ++count;
@@ -250,7 +276,8 @@ int MemberAccounts::list_members(int device, std::int32_t* pids, std::uint64_t* 
   if (!checked_lock(device)) return 0;
   reap_dead_locked();
   int count = 0;
-  for (const MemberAccount& member : accounts_->members) {
+  for (int slot = 0; slot < slots_locked(); ++slot) {
+    const MemberAccount& member = accounts_->members[slot];
     if (member.state.load(std::memory_order_relaxed) != kMemberLive) continue;
     const std::uint64_t bytes = member.used[device].load(std::memory_order_relaxed);
     if (bytes == 0) continue;

@@ -41,6 +41,9 @@ struct SharedAccounts {
   std::atomic<std::uint64_t> rejections[kMaxDevices];
   std::atomic<std::uint64_t> members_reclaimed;
   std::atomic<std::uint64_t> lock_recoveries;
+  // Every live member's slot lies below this (at most kMaxMembers): each locked step checks
+  // only those slots, so its cost follows the members there are, not the slots there could be.
+  std::atomic<std::uint32_t> slot_bound;
   MemberAccount members[kMaxMembers];
 };
 
@@ -102,7 +105,14 @@ class MemberAccounts {
   bool sound_locked(int device);  // marks the damage when it finds some
   // lock() and sound_locked(device) (-1: no device's total); false with the lock not held.
   [[nodiscard]] bool checked_lock(int device);
+  // The live members' slots, [0, slot_bound), never past the array (sound_locked calls a
+  // larger bound damage; recovery from a dead owner runs before that check).
+  int slots_locked() const {
+    const std::uint32_t bound = accounts_->slot_bound.load(std::memory_order_relaxed);
+    return bound < kMaxMembers ? static_cast<int>(bound) : kMaxMembers;
+  }
   void reap_dead_locked();
+  void lower_slot_bound_locked();  // past the free slots at the top
   void rebuild_totals_locked();
 
   SharedAccounts* accounts_ = nullptr;

@@ -144,7 +144,7 @@ LockOutcome lock_robust(pthread_mutex_t* mutex, int timeout_ms) {
   int result = 0;
   if (timeout_ms < 0) {
     result = pthread_mutex_lock(mutex);
-  } else {
+  } else if (result = pthread_mutex_trylock(mutex); result == EBUSY) {  // uncontended: no clock
     timespec deadline{};
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += timeout_ms / 1000;

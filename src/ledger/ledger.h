@@ -26,7 +26,7 @@
 
 namespace tessera::ledger {
 
-inline constexpr std::uint32_t kFormatVersion = 3;  // 3: the group's priority
+inline constexpr std::uint32_t kFormatVersion = 4;  // 3: the group's priority; 4: slot bound
 
 struct LedgerFile {
   // Written once by the creator; covered by `checksum`.

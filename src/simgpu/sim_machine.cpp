@@ -13,7 +13,7 @@ namespace tessera::sim {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'S', 'I', 'M', 'G'};
-constexpr std::uint32_t kVersion = 2;  // 2: time-sliced schedules
+constexpr std::uint32_t kVersion = 3;  // 2: time-sliced schedules; 3: slot bound
 // A waiter looks again no sooner than this: its work may end any moment, but not every
 // microsecond is worth the schedule's lock.
 constexpr std::uint64_t kShortestWaitNs = 20'000;
