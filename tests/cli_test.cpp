@@ -14,7 +14,7 @@ namespace {
 Environment cli_environment(const ScratchDirectory& scratch) {
   return {{"TESSERA_RUNTIME_DIR", scratch.path()},
           {"TESSERA_SIM_STATE", scratch.file("simgpu")},
-          {"TESSERA_SIM_DEVICES", "H100;A100"}};
+          {"TESSERA_SIM_DEVICES", test::kTestDevices}};
 }
 
 TEST(Cli, DevicesSaysTheGpusAreSimulated) {

@@ -28,7 +28,7 @@ namespace {
 // Attaches `machine` to the simulated GPU the scratch directory's workers ran on.
 void attach_to_device_record(const ScratchDirectory& scratch, sim::Machine& machine) {
   setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
-  unsetenv("TESSERA_SIM_DEVICES");
+  setenv("TESSERA_SIM_DEVICES", test::kTestDevice, 1);
   ErrorText error;
   EXPECT_TRUE(machine.attach(error)) << error.text;
 }

@@ -182,6 +182,22 @@ TEST(Hook, ContextsAreCharged) {
   EXPECT_EQ(done.number("after_free"), kLimit - 128 * kMiB);
 }
 
+// On a preset's real context cost (512 MiB on an H100): a group's limit counts its contexts,
+// as the device's memory does, and a limit below one context is a clean out-of-memory.
+TEST(Hook, ARealContextCountsAgainstTheGroup) {
+  ScratchDirectory scratch;
+  const Finished done =
+      run({worker(), "info"}, limited(scratch, {{"TESSERA_SIM_DEVICES", "H100"}}));
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_EQ(done.number("total"), kLimit);
+  EXPECT_EQ(done.number("free"), kLimit - 512 * kMiB);
+  ScratchDirectory small;
+  const Finished refused =
+      run({worker(), "init-context"},
+          limited(small, {{"TESSERA_SIM_DEVICES", "H100"}, {"TESSERA_MEMORY_LIMIT", "256MiB"}}));
+  EXPECT_EQ(refused.value("context_result"), "2") << refused.out << refused.err;
+}
+
 TEST(Hook, AContextThatDoesNotFitIsRefusedAndTheGroupNeverHoldsIt) {
   ScratchDirectory scratch;
   const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)},
@@ -295,7 +311,7 @@ TEST(Hook, FreeIsNeverAboveWhatTheDeviceHasFree) {
       run({worker(), "info"}, hooked(scratch, {{"TESSERA_MEMORY_LIMIT", "2GiB"},
                                                {"TESSERA_SIM_DEVICES", "T4,memory=1536MiB"}}));
   EXPECT_EQ(done.number("total"), 1536 * kMiB);
-  EXPECT_EQ(done.number("free"), 1536 * kMiB);
+  EXPECT_EQ(done.number("free"), 1536 * kMiB - 256 * kMiB);  // less the T4's context
 }
 
 TEST(Hook, ASecondProcessInAGroupSeesTheFirstsUsage) {

@@ -138,9 +138,9 @@ TEST_F(SimulatedDriver, VmmEnforcesGranularityAndLocations) {
 }
 
 Environment simulated(const ScratchDirectory& scratch, const Environment& extra = {}) {
-  Environment environment = unhooked(scratch, extra);
-  environment.emplace("TESSERA_SIM_DEVICES", "H100;A100");
-  return environment;
+  Environment settings{{"TESSERA_SIM_DEVICES", kTestDevices}};
+  for (const auto& [key, value] : extra) settings[key] = value;
+  return unhooked(scratch, settings);
 }
 
 TEST(SimulatedMachine, CapacityHoldsAcrossProcessesAndDiesWithThem) {
@@ -155,6 +155,26 @@ TEST(SimulatedMachine, CapacityHoldsAcrossProcessesAndDiesWithThem) {
   const Finished granted =
       run({worker(), "path", "alloc", std::to_string(40 * kGiB)}, simulated(scratch));
   EXPECT_EQ(granted.value("result"), "0");
+}
+
+// Unless told otherwise, a context costs what one does on the real part (a few hundred MiB),
+// so a workload on the simulated GPU meets the memory a real one loses to its context.
+TEST(SimulatedMachine, APresetsContextCostsWhatARealOneDoes) {
+  const struct {
+    const char* devices;
+    std::uint64_t context_bytes;
+  } cases[] = {{"H100", 512 * kMiB},
+               {"A100", 416 * kMiB},
+               {"T4", 256 * kMiB},
+               {"H100,context=100MiB", 100 * kMiB}};
+  for (const auto& c : cases) {
+    ScratchDirectory scratch;
+    const Finished done =
+        run({worker(), "info"}, unhooked(scratch, {{"TESSERA_SIM_DEVICES", c.devices}}));
+    ASSERT_EQ(done.exit_code, 0) << c.devices << done.err;
+    EXPECT_EQ(done.number("total") - done.number("free"), c.context_bytes) << c.devices;
+    EXPECT_EQ(done.number("driver_used"), c.context_bytes) << c.devices;  // as NVML lists it
+  }
 }
 
 TEST(SimulatedMachine, VisibleDevicesSelectAndEndAtTheFirstBadEntry) {
@@ -201,7 +221,7 @@ TEST(SimulatedMachine, BadDeviceListsNameTheFieldAndValue) {
 // The device's own record of a finished worker's kernels within its window.
 sim::BusyTime recorded(const ScratchDirectory& scratch, const Finished& done) {
   setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
-  setenv("TESSERA_SIM_DEVICES", "H100;A100", 1);
+  setenv("TESSERA_SIM_DEVICES", kTestDevices, 1);
   ErrorText error;
   sim::Machine machine;
   EXPECT_TRUE(machine.attach(error)) << error.text;
@@ -277,7 +297,7 @@ TEST(SimulatedMachine, ProcessesShareOneTimelineOnePieceOfWorkAtATime) {
   const std::uint64_t end = std::max(results[0].number("end_ns"), results[1].number("end_ns"));
   EXPECT_GE(end - begin, 200'000'000u);  // 200 ms of work cannot finish sooner on one device
   setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
-  setenv("TESSERA_SIM_DEVICES", "H100;A100", 1);
+  setenv("TESSERA_SIM_DEVICES", kTestDevices, 1);
   ErrorText error;
   sim::Machine machine;
   ASSERT_TRUE(machine.attach(error)) << error.text;

@@ -219,7 +219,8 @@ std::string tessera() {
 Environment unhooked(const ScratchDirectory& scratch, const Environment& extra) {
   Environment environment{{"LD_LIBRARY_PATH", build_path("sim")},
                           {"TESSERA_SIM_STATE", scratch.file("simgpu")},
-                          {"TESSERA_RUNTIME_DIR", scratch.path()}};
+                          {"TESSERA_RUNTIME_DIR", scratch.path()},
+                          {"TESSERA_SIM_DEVICES", kTestDevice}};
   for (const auto& [key, value] : extra) environment[key] = value;
   return environment;
 }

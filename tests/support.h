@@ -76,6 +76,11 @@ Environment hooked(const ScratchDirectory& scratch, const Environment& extra = {
 // Same, without the hook.
 Environment unhooked(const ScratchDirectory& scratch, const Environment& extra = {});
 
+// The simulated GPUs tests run on unless they ask for others: contexts that cost nothing,
+// so the tests' byte arithmetic is exact (the presets' real context costs are tested apart).
+inline constexpr const char* kTestDevice = "H100,context=0";
+inline constexpr const char* kTestDevices = "H100,context=0;A100,context=0";
+
 inline constexpr std::uint64_t kMiB = 1ull << 20;
 inline constexpr std::uint64_t kGiB = 1ull << 30;
 
