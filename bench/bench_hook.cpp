@@ -114,9 +114,10 @@ void LaunchKernel(benchmark::State& state) {
 }
 BENCHMARK(LaunchKernel)->Arg(0)->Arg(1);
 
-// Real launches of a 1 us kernel, in batches: with TESSERA_CORE_LIMIT set (bench/run.sh runs
-// this a second time with a 100 % share) every hooked launch is paced and measured.
-void LaunchKernelTimed(benchmark::State& state) {
+// Real launches of a 1 us kernel, in batches, each after `rejected` launches of the zero-block
+// grid: with TESSERA_CORE_LIMIT set (bench/run.sh runs these a second time with a 100 %
+// share) every hooked launch is paced and measured.
+void timed_launches(benchmark::State& state, int rejected) {
   Driver& driver = pick(static_cast<int>(state.range(0)));
   start(driver);
   CUmodule module = nullptr;
@@ -127,35 +128,27 @@ void LaunchKernelTimed(benchmark::State& state) {
       dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuCtxSynchronize"));
   long launches = 0;
   for (auto _ : state) {
+    for (int i = 0; i < rejected; ++i) {
+      benchmark::DoNotOptimize(
+          driver.launch(function, 0, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
+    }
     benchmark::DoNotOptimize(
         driver.launch(function, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
     if (++launches % 64 == 0) synchronize();  // keep the queue short
   }
   state.SetLabel(state.range(0) == 0 ? "direct" : "hooked");
 }
+
+void LaunchKernelTimed(benchmark::State& state) {
+  timed_launches(state, 0);
+}
 BENCHMARK(LaunchKernelTimed)->Arg(0)->Arg(1);
 
-// A rejected launch (the zero-block grid) before each real one: under a compute share the
-// pair should cost what the two launches cost apart, so a rejected launch neither costs more
-// than an accepted one nor slows the launches after it.
+// A rejected launch before each real one: under a compute share the pair should cost what
+// the two launches cost apart, so a rejected launch neither costs more than an accepted one
+// nor slows the launches after it.
 void LaunchKernelAfterRejected(benchmark::State& state) {
-  Driver& driver = pick(static_cast<int>(state.range(0)));
-  start(driver);
-  CUmodule module = nullptr;
-  CUfunction function = nullptr;
-  driver.load(&module, "kernels");
-  driver.function(&function, module, "tiny@1us");
-  auto synchronize = reinterpret_cast<PFN_cuCtxSynchronize>(
-      dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuCtxSynchronize"));
-  long launches = 0;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(
-        driver.launch(function, 0, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
-    benchmark::DoNotOptimize(
-        driver.launch(function, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
-    if (++launches % 64 == 0) synchronize();
-  }
-  state.SetLabel(state.range(0) == 0 ? "direct" : "hooked");
+  timed_launches(state, 1);
 }
 BENCHMARK(LaunchKernelAfterRejected)->Arg(0)->Arg(1);
 
