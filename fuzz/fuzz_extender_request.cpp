@@ -6,18 +6,21 @@
 #include <memory>
 #include <string>
 
+#include "extender/extender.h"
 #include "fuzz_input.h"
-#include "sched/extender.h"
 
-using namespace tessera::sched;
+using namespace tessera::extender;
 using tessera::fuzz::broken;
+using tessera::kube::ApiClient;
+using tessera::kube::ApiClientOptions;
 
 namespace {
 
 Extender& extender() {
   // Nothing listens there: filter and prioritize decide from the nodes in the body.
-  static Extender instance(Policy::fgd, std::make_unique<ApiClient>(ApiClientOptions{
-                                            .server = "http://127.0.0.1:9", .attempts = 1}));
+  static Extender instance(
+      tessera::sched::Policy::fgd,
+      std::make_unique<ApiClient>(ApiClientOptions{.server = "http://127.0.0.1:9", .attempts = 1}));
   return instance;
 }
 

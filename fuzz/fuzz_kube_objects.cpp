@@ -6,12 +6,13 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "extender/cluster_objects.h"
 #include "fuzz_input.h"
-#include "sched/json_input.h"
-#include "sched/kube.h"
+#include "kube/json_input.h"
 
-using namespace tessera::sched;
+using namespace tessera::extender;
 using tessera::fuzz::broken;
+using tessera::kube::parse_outside_json;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   nlohmann::json object;
@@ -21,14 +22,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;  // not JSON, or nested too deep: refused before anything reads it
   }
   try {
-    const kube::NodeInfo node = kube::node_from_json(object);
+    const NodeInfo node = node_from_json(object);
     if (node.spec.gpus < 0 || node.spec.gpus > kMaxGpusPerNode) broken("node GPU count");
     if (node.spec.cpu_milli < 0 || node.spec.memory_mib < 0) broken("node capacity");
-    if (node.spec.name.size() > kube::kMostNameLength) broken("node name length");
+    if (node.spec.name.size() > kMostNameLength) broken("node name length");
   } catch (const std::runtime_error&) {
   }
   try {
-    const kube::PodRequest pod = kube::pod_from_json(object);
+    const PodRequest pod = pod_from_json(object);
     if (pod.gpus < 0 || pod.cpu_milli < 0 || pod.memory_mib < 0 || pod.gpumem_mib < 0) {
       broken("pod request negative");
     }
@@ -42,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const nlohmann::json& annotation :
        {object, nlohmann::json(std::string(reinterpret_cast<const char*>(data), size))}) {
     try {
-      const kube::RecordedAssignment assignment = kube::assignment_from_annotation(annotation);
+      const RecordedAssignment assignment = assignment_from_annotation(annotation);
       if (assignment.gpus.size() > static_cast<std::size_t>(kMaxGpusPerNode)) {
         broken("an assignment names more GPUs than a node holds");
       }

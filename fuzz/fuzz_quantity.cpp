@@ -5,9 +5,9 @@
 #include <string_view>
 
 #include "fuzz_input.h"
-#include "sched/kube.h"
+#include "kube/quantity.h"
 
-using namespace tessera::sched::kube;
+using namespace tessera::kube;
 using tessera::fuzz::broken;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

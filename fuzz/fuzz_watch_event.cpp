@@ -5,17 +5,20 @@
 #include <memory>
 #include <string>
 
+#include "extender/extender.h"
 #include "fuzz_input.h"
-#include "sched/extender.h"
 
-using namespace tessera::sched;
+using namespace tessera::extender;
 using tessera::fuzz::broken;
+using tessera::kube::ApiClient;
+using tessera::kube::ApiClientOptions;
+using tessera::kube::WatchEnd;
 
 namespace {
 
 std::unique_ptr<Extender> fresh_extender() {
   return std::make_unique<Extender>(
-      Policy::fgd,
+      tessera::sched::Policy::fgd,
       std::make_unique<ApiClient>(ApiClientOptions{.server = "http://127.0.0.1:9", .attempts = 1}),
       [](const std::string&) {});
 }
@@ -36,8 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto resource = (data[0] & 1) ? Extender::Resource::pods : Extender::Resource::nodes;
   const std::string line(reinterpret_cast<const char*>(data) + 1, size - 1);
   std::string version, why;
-  const Extender::WatchEnd end = extender->apply_event(resource, line, version, why);
-  if (end == Extender::WatchEnd::broken && why.empty()) broken("a broken watch without a reason");
+  const WatchEnd end = extender->apply_event(resource, line, version, why);
+  if (end == WatchEnd::broken && why.empty()) broken("a broken watch without a reason");
   const HttpReply reply = extender->filter(kFilterBody);
   if (reply.status != 200) broken("filter failed after a watch event");
   return 0;

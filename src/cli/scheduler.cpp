@@ -12,27 +12,16 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
 
 #include "cli/commands.h"
-#include "sched/extender.h"
+#include "extender/extender.h"
+#include "kube/api_client.h"
 
 namespace tessera::cli {
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream input(path);
-  if (!input) throw std::runtime_error(fmt::format("cannot read {}", path));
-  std::stringstream text;
-  text << input.rdbuf();
-  std::string content = text.str();
-  while (!content.empty() && (content.back() == '\n' || content.back() == '\r')) content.pop_back();
-  return content;
-}
 
 // Never throws: a closed or full stderr must not take the scheduler down.
 void report(const std::string& failure) {
@@ -68,22 +57,18 @@ int scheduler_command(const SchedulerOptions& options) {
   }
   const std::string host = options.listen.substr(0, colon);
 
-  sched::ApiClientOptions api;
-  api.server = options.api_server;
-  api.timeout_ms = options.timeout_ms;
-  constexpr const char* kServiceAccount = "/var/run/secrets/kubernetes.io/serviceaccount";
-  if (api.server.empty()) {  // inside a cluster: the service account
-    const char* service_host = std::getenv("KUBERNETES_SERVICE_HOST");
-    const char* service_port = std::getenv("KUBERNETES_SERVICE_PORT");
-    if (service_host == nullptr || service_port == nullptr) {
+  kube::ApiClientOptions api;
+  std::string problem;
+  if (!kube::client_options({.server = options.api_server,
+                             .token_file = options.token_file,
+                             .ca_file = options.ca_file,
+                             .timeout_ms = options.timeout_ms},
+                            api, problem)) {
+    if (options.api_server.empty() && std::getenv("KUBERNETES_SERVICE_HOST") == nullptr) {
       throw UsageError("--api-server is required outside a cluster");
     }
-    api.server = fmt::format("https://{}:{}", service_host, service_port);
-    api.ca_file = std::string(kServiceAccount) + "/ca.crt";
-    api.token = read_file(std::string(kServiceAccount) + "/token");
+    throw std::runtime_error(problem);
   }
-  if (!options.token_file.empty()) api.token = read_file(options.token_file);
-  if (!options.ca_file.empty()) api.ca_file = options.ca_file;
 
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-answer is an error, not a signal
   // SIGTERM and SIGINT are taken by one thread (sigwait), whenever they come: blocked here,
@@ -93,7 +78,7 @@ int scheduler_command(const SchedulerOptions& options) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  sched::Extender extender(policy, std::make_unique<sched::ApiClient>(api), report);
+  extender::Extender extender(policy, std::make_unique<kube::ApiClient>(api), report);
   std::string error;
   if (!extender.sync(error)) report(error + " (will retry)");
 
@@ -108,7 +93,7 @@ int scheduler_command(const SchedulerOptions& options) {
   server.set_tcp_nodelay(true);
   auto handle = [&](auto verb) {
     return [&extender, verb](const httplib::Request& request, httplib::Response& response) {
-      sched::HttpReply reply;
+      extender::HttpReply reply;
       try {
         reply = (extender.*verb)(request.body);
       } catch (const std::exception& failure) {  // a defect: said, and answered
@@ -121,9 +106,9 @@ int scheduler_command(const SchedulerOptions& options) {
       if (request.body.size() > (std::size_t{1} << 20)) malloc_trim(0);
     };
   };
-  server.Post(options.url_prefix + "/filter", handle(&sched::Extender::filter));
-  server.Post(options.url_prefix + "/prioritize", handle(&sched::Extender::prioritize));
-  server.Post(options.url_prefix + "/bind", handle(&sched::Extender::bind));
+  server.Post(options.url_prefix + "/filter", handle(&extender::Extender::filter));
+  server.Post(options.url_prefix + "/prioritize", handle(&extender::Extender::prioritize));
+  server.Post(options.url_prefix + "/bind", handle(&extender::Extender::bind));
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok", "text/plain");
   });
@@ -144,8 +129,9 @@ int scheduler_command(const SchedulerOptions& options) {
 
   // What others allocate and release, and nodes coming and going, are watched.
   std::atomic<bool> stopping{false};
-  std::thread pods([&] { extender.follow(sched::Extender::Resource::pods, stopping, report); });
-  std::thread nodes([&] { extender.follow(sched::Extender::Resource::nodes, stopping, report); });
+  std::thread pods([&] { extender.follow(extender::Extender::Resource::pods, stopping, report); });
+  std::thread nodes(
+      [&] { extender.follow(extender::Extender::Resource::nodes, stopping, report); });
   std::atomic<bool> served{false};
   std::thread signals([&] {
     int signal = 0;

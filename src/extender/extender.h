@@ -24,11 +24,15 @@
 #include <string>
 #include <utility>
 
-#include "sched/api_client.h"
+#include "extender/cluster_objects.h"
+#include "kube/api_client.h"
+#include "kube/reflector.h"
 #include "sched/engine.h"
-#include "sched/kube.h"
 
-namespace tessera::sched {
+namespace tessera::extender {
+
+using sched::Placement;
+using sched::Policy;
 
 struct HttpReply {
   int status = 200;
@@ -42,9 +46,9 @@ struct ExtenderLimits {
 
 class Extender {
  public:
-  using Reporter = std::function<void(const std::string&)>;
+  using Reporter = kube::Reporter;
   // `report` hears of objects that could not be read (never throws; may be empty).
-  Extender(Policy default_policy, std::unique_ptr<ApiClient> api, Reporter report = {},
+  Extender(Policy default_policy, std::unique_ptr<kube::ApiClient> api, Reporter report = {},
            ExtenderLimits limits = {});
 
   HttpReply filter(const std::string& body);
@@ -56,23 +60,19 @@ class Extender {
   bool sync(std::string& error);
 
   enum class Resource { nodes, pods };
-  // Keeps the state of `resource` current until `stop`: lists it, then watches from the
-  // list's version, applying each change; lists again when the watch breaks or its version
-  // has expired (410 Gone), backing off while that repeats. Failures are passed to `report`.
-  // Never throws.
-  void follow(Resource resource, const std::atomic<bool>& stop, const Reporter& report);
-
-  enum class WatchEnd { not_yet, expired, broken };
+  // Keeps the state of `resource` current until `stop` (kube::follow_collection); failures
+  // are passed to `report`. Never throws.
+  void follow(Resource resource, const std::atomic<bool>& stop, const kube::Reporter& report);
   // Applies one line of a watch of `resource` (what follow does with each); says whether the
   // watch must end, and if it broke, why. `version` follows the events' resourceVersion.
-  WatchEnd apply_event(Resource resource, const std::string& line, std::string& version,
-                       std::string& why);
+  kube::WatchEnd apply_event(Resource resource, const std::string& line, std::string& version,
+                             std::string& why);
 
  private:
   // What a pod holds on a node, and what of it is applied to the cluster model.
   struct Hold {
     std::string node;
-    kube::PodRequest pod;
+    PodRequest pod;
     std::vector<int> gpus;     // as recorded; empty with choose_gpus
     bool choose_gpus = false;  // no usable record: the engine picks GPUs to hold
     bool applied = false;
@@ -80,13 +80,18 @@ class Extender {
     Placement placement;
   };
   struct Candidates {
-    kube::PodRequest pod;
+    PodRequest pod;
     std::vector<nlohmann::json> node_objects;  // when kube-scheduler sent whole nodes
     std::vector<std::string> names;
     bool names_only = false;
   };
 
-  bool list(Resource resource, std::string& version, std::string& error);
+  // What the lists and watches of nodes and pods do to the state.
+  kube::CollectionHandlers handlers(Resource resource);
+  void replace_nodes(const nlohmann::json& items);
+  void replace_pods(const nlohmann::json& items);
+  void apply_node_event(std::string_view type, const nlohmann::json& object);
+  void apply_pod_event(std::string_view type, const nlohmann::json& object);
   // What a listed or watched pod holds, if anything; problems go to report_.
   std::optional<Hold> hold_of(const nlohmann::json& pod, const std::string& uid);
 
@@ -98,19 +103,19 @@ class Extender {
   void release_locked(Hold& hold);
   void set_hold_locked(const std::string& uid, std::optional<Hold> hold);
   // Why the pod cannot go to node (empty if it can); fills request for it.
-  std::string refusal_locked(const kube::PodRequest& pod, const std::string& node, Request& request,
+  std::string refusal_locked(const PodRequest& pod, const std::string& node, Request& request,
                              int& index) const;
-  Policy policy_for(const kube::PodRequest& pod) const;
+  Policy policy_for(const PodRequest& pod) const;
   void say(const std::string& problem) const;
 
   Policy default_policy_;
-  std::unique_ptr<ApiClient> api_;
+  std::unique_ptr<kube::ApiClient> api_;
   Reporter report_;
   ExtenderLimits limits_;
   std::atomic<int> binds_in_flight_{0};
 
   std::shared_mutex mutex_;  // guards all below
-  std::map<std::string, kube::NodeInfo> nodes_;
+  std::map<std::string, NodeInfo> nodes_;
   std::map<std::string, Hold> holds_;  // by pod UID
   // This extender's binds, by pod UID, and when: held across a list read before they landed.
   std::map<std::string, std::chrono::steady_clock::time_point> own_binds_;
@@ -120,4 +125,4 @@ class Extender {
   std::mt19937_64 random_{42};
 };
 
-}  // namespace tessera::sched
+}  // namespace tessera::extender

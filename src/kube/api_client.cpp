@@ -1,13 +1,15 @@
-#include "sched/api_client.h"
+#include "kube/api_client.h"
 
 #include <curl/curl.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <string_view>
 #include <thread>
 
-namespace tessera::sched {
+namespace tessera::kube {
 namespace {
 
 std::size_t append(char* data, std::size_t size, std::size_t count, void* out) {
@@ -21,7 +23,55 @@ bool worth_retrying(const ApiResponse& response) {
   return response.status == 0 || response.status == 429 || response.status >= 500;
 }
 
+constexpr const char* kServiceAccount = "/var/run/secrets/kubernetes.io/serviceaccount";
+constexpr std::size_t kMostTokenBytes = 64 << 10;  // a service account's JWT is a few KiB
+
+// A token file's content without its final line break; false if it cannot be read or is
+// larger than any token.
+bool read_token(const std::string& path, std::string& token, std::string& error) {
+  std::ifstream input(path, std::ios::binary);
+  if (!input) {
+    error = "cannot read the token file " + path;
+    return false;
+  }
+  token.assign(kMostTokenBytes + 1, '\0');
+  input.read(token.data(), static_cast<std::streamsize>(token.size()));
+  token.resize(static_cast<std::size_t>(input.gcount()));
+  if (token.size() > kMostTokenBytes) {
+    error = "the token file " + path + " is larger than any token";
+    return false;
+  }
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.find_first_of("\r\n") != std::string::npos || token.find('\0') != std::string::npos) {
+    error = "the token file " + path + " holds more than one line";  // no header injection
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+bool client_options(const Connection& connection, ApiClientOptions& options, std::string& error) {
+  options.server = connection.server;
+  options.timeout_ms = connection.timeout_ms;
+  std::string token_file = connection.token_file;
+  options.ca_file = connection.ca_file;
+  if (options.server.empty()) {  // inside a cluster: the service account
+    const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
+    const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
+    if (host == nullptr || port == nullptr || *host == '\0' || *port == '\0') {
+      error = "no API server given, and not in a cluster (KUBERNETES_SERVICE_HOST is not set)";
+      return false;
+    }
+    const bool ipv6 = std::string_view(host).find(':') != std::string_view::npos;
+    options.server =
+        std::string("https://") + (ipv6 ? "[" : "") + host + (ipv6 ? "]" : "") + ":" + port;
+    if (token_file.empty()) token_file = std::string(kServiceAccount) + "/token";
+    if (options.ca_file.empty()) options.ca_file = std::string(kServiceAccount) + "/ca.crt";
+  }
+  options.token.clear();
+  return token_file.empty() || read_token(token_file, options.token, error);
+}
 
 ApiClient::ApiClient(ApiClientOptions options) : options_(std::move(options)) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -167,4 +217,4 @@ ApiResponse ApiClient::patch(const std::string& path, const std::string& json,
   return call("PATCH", path, &json, "application/merge-patch+json", deadline);
 }
 
-}  // namespace tessera::sched
+}  // namespace tessera::kube

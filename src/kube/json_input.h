@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace tessera::sched {
+namespace tessera::kube {
 
 inline constexpr int kMostJsonDepth = 64;  // Kubernetes objects nest about 12 deep
 
@@ -19,4 +19,4 @@ nlohmann::json parse_outside_json(std::string_view text);
 // instead of throwing.
 std::string dump_outside_json(const nlohmann::json& value);
 
-}  // namespace tessera::sched
+}  // namespace tessera::kube

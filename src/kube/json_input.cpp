@@ -1,10 +1,10 @@
-#include "sched/json_input.h"
+#include "kube/json_input.h"
 
 #include <fmt/core.h>
 
 #include <stdexcept>
 
-namespace tessera::sched {
+namespace tessera::kube {
 
 nlohmann::json parse_outside_json(std::string_view text) {
   try {
@@ -29,4 +29,4 @@ std::string dump_outside_json(const nlohmann::json& value) {
   return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-}  // namespace tessera::sched
+}  // namespace tessera::kube

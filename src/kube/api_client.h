@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-namespace tessera::sched {
+namespace tessera::kube {
 
 struct ApiResponse {
   long status = 0;  // 0: no answer (connection failed or timed out)
@@ -17,9 +17,9 @@ struct ApiResponse {
 };
 
 struct ApiClientOptions {
-  std::string server;     // e.g. https://kubernetes.default.svc
-  std::string token;      // bearer token; empty: none
-  std::string ca_file;    // empty: the system's
+  std::string server{};   // e.g. https://kubernetes.default.svc
+  std::string token{};    // bearer token; empty: none
+  std::string ca_file{};  // empty: the system's
   int timeout_ms = 5000;  // per attempt
   int attempts = 3;
 };
@@ -28,6 +28,18 @@ struct ApiClientOptions {
 // is a few hundred MiB at most); so are watch events.
 inline constexpr std::size_t kMostAnswerBytes = std::size_t{1} << 30;
 inline constexpr std::size_t kMostEventBytes = std::size_t{64} << 20;
+
+// Where the API server is and how to prove who is asking.
+struct Connection {
+  std::string server{};      // empty: the cluster's own (the process runs in a pod)
+  std::string token_file{};  // empty: the service account's, in a pod
+  std::string ca_file{};     // empty: the service account's, in a pod; else the system's
+  int timeout_ms = 5000;
+};
+// Client options for `connection`: in a pod, KUBERNETES_SERVICE_HOST and _PORT and the
+// service account's token and CA fill what it leaves empty. False with the reason in `error`
+// when no server is given outside a cluster, or a file cannot be read.
+bool client_options(const Connection& connection, ApiClientOptions& options, std::string& error);
 
 using Deadline = std::chrono::steady_clock::time_point;
 
@@ -57,4 +69,4 @@ class ApiClient {
   ApiClientOptions options_;
 };
 
-}  // namespace tessera::sched
+}  // namespace tessera::kube

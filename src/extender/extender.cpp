@@ -1,4 +1,4 @@
-#include "sched/extender.h"
+#include "extender/extender.h"
 
 #include <fmt/core.h>
 
@@ -7,11 +7,16 @@
 #include <cmath>
 #include <optional>
 #include <set>
-#include <thread>
 
-#include "sched/json_input.h"
+#include "kube/json_input.h"
 
-namespace tessera::sched {
+namespace tessera::extender {
+
+using kube::ApiClient;
+using kube::ApiResponse;
+using kube::dump_outside_json;
+using kube::parse_outside_json;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -63,19 +68,10 @@ const char* collection_path(Extender::Resource resource) {
   return resource == Extender::Resource::nodes ? "/api/v1/nodes" : "/api/v1/pods";
 }
 
-bool same_node(const kube::NodeInfo& a, const kube::NodeInfo& b) {
+bool same_node(const NodeInfo& a, const NodeInfo& b) {
   return a.spec.cpu_milli == b.spec.cpu_milli && a.spec.memory_mib == b.spec.memory_mib &&
          a.spec.gpus == b.spec.gpus && a.spec.model == b.spec.model &&
          a.gpu_memory_mib == b.gpu_memory_mib;
-}
-
-// Sleeps for `length` unless `stop` is set first.
-void pause_for(std::chrono::milliseconds length, const std::atomic<bool>& stop) {
-  const auto until = Clock::now() + length;
-  while (!stop && Clock::now() < until) {
-    std::this_thread::sleep_for(
-        std::min<Clock::duration>(std::chrono::milliseconds(100), until - Clock::now()));
-  }
 }
 
 }  // namespace
@@ -96,10 +92,10 @@ void Extender::say(const std::string& problem) const {
   }
 }
 
-Policy Extender::policy_for(const kube::PodRequest& pod) const {
+Policy Extender::policy_for(const PodRequest& pod) const {
   if (pod.policy.empty()) return default_policy_;
   try {
-    return parse_policy(pod.policy);
+    return sched::parse_policy(pod.policy);
   } catch (const std::invalid_argument&) {
     return default_policy_;
   }
@@ -139,9 +135,9 @@ void Extender::apply_locked(Hold& hold) {
   if (hold.applied) return;
   const auto found = index_.find(hold.node);
   if (found == index_.end()) return;  // its node is unknown or gone
-  const kube::NodeInfo& info = nodes_.at(hold.node);
+  const NodeInfo& info = nodes_.at(hold.node);
   const int gpus_here = cluster_->nodes()[found->second].gpus;
-  Request request = kube::request_on(*cluster_, hold.pod, info.gpu_memory_mib);
+  Request request = request_on(*cluster_, hold.pod, info.gpu_memory_mib);
   request.gpu_milli = std::min(request.gpu_milli, kMilli);  // a GPU is held whole at most
   Placement placement;
   placement.node = found->second;
@@ -209,26 +205,26 @@ std::optional<Extender::Hold> Extender::hold_of(const nlohmann::json& pod, const
   hold.node = node;
   bool readable = true;
   try {
-    hold.pod = kube::pod_from_json(pod);
+    hold.pod = pod_from_json(pod);
   } catch (const std::exception& error) {
     readable = false;
     say(fmt::format("{}: {}", label, error.what()));
   }
-  std::optional<kube::RecordedAssignment> record;
+  std::optional<RecordedAssignment> record;
   const nlohmann::json::json_pointer annotations("/metadata/annotations");
   const bool has_record = pod.contains(annotations) && pod[annotations].is_object() &&
-                          pod[annotations].contains(kube::kAssignmentAnnotation);
+                          pod[annotations].contains(kAssignmentAnnotation);
   if (has_record) {
     try {
-      record = kube::assignment_from_annotation(pod[annotations][kube::kAssignmentAnnotation]);
+      record = assignment_from_annotation(pod[annotations][kAssignmentAnnotation]);
       if (record->node != node) {
         say(fmt::format("{}: {} names node {} but the pod runs on {}; holding GPUs there", label,
-                        kube::kAssignmentAnnotation, record->node, node));
+                        kAssignmentAnnotation, record->node, node));
         record.reset();
       }
     } catch (const std::exception& error) {
       say(fmt::format("{}: annotation {} cannot be read ({}); holding GPUs on {} for it", label,
-                      kube::kAssignmentAnnotation, error.what(), node));
+                      kAssignmentAnnotation, error.what(), node));
     }
   }
   if (!readable) {
@@ -264,7 +260,7 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
     return false;
   }
   try {
-    candidates.pod = kube::pod_from_json(*pod);
+    candidates.pod = pod_from_json(*pod);
   } catch (const std::exception& error) {
     reply = bad_request(error.what());
     return false;
@@ -277,10 +273,10 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
       reply = bad_request("ExtenderArgs.Nodes has no items array");
       return false;
     }
-    std::vector<kube::NodeInfo> infos;
+    std::vector<NodeInfo> infos;
     for (const auto& node : *items) {
       try {
-        infos.push_back(kube::node_from_json(node));
+        infos.push_back(node_from_json(node));
       } catch (const std::exception& error) {
         reply = bad_request(error.what());
         return false;
@@ -289,7 +285,7 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
       candidates.node_objects.push_back(node);
     }
     auto changed = [&] {
-      return std::any_of(infos.begin(), infos.end(), [&](const kube::NodeInfo& info) {
+      return std::any_of(infos.begin(), infos.end(), [&](const NodeInfo& info) {
         const auto known = nodes_.find(info.spec.name);
         return known == nodes_.end() || !same_node(known->second, info);
       });
@@ -301,7 +297,7 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
     }
     if (stale) {  // kube-scheduler knows nodes better than this extender's last look
       std::unique_lock<std::shared_mutex> writing(mutex_);
-      for (const kube::NodeInfo& info : infos) nodes_[info.spec.name] = info;
+      for (const NodeInfo& info : infos) nodes_[info.spec.name] = info;
       rebuild_locked();
     }
   } else if (names != nullptr && names->is_array()) {
@@ -320,18 +316,18 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
   return true;
 }
 
-std::string Extender::refusal_locked(const kube::PodRequest& pod, const std::string& node,
+std::string Extender::refusal_locked(const PodRequest& pod, const std::string& node,
                                      Request& request, int& index) const {
   const auto found = index_.find(node);
   if (found == index_.end()) return "node unknown to Tessera";
   index = found->second;
-  const kube::NodeInfo& info = nodes_.at(node);
+  const NodeInfo& info = nodes_.at(node);
   if (pod.gpus > 0) {
     if (cluster_->nodes()[index].gpus == 0)
-      return fmt::format("node has no GPUs Tessera knows of ({})", kube::kGpusAnnotation);
-    if (std::string why = kube::model_refusal(pod, info.spec.model); !why.empty()) return why;
+      return fmt::format("node has no GPUs Tessera knows of ({})", kGpusAnnotation);
+    if (std::string why = model_refusal(pod, info.spec.model); !why.empty()) return why;
   }
-  request = kube::request_on(*cluster_, pod, info.gpu_memory_mib);
+  request = request_on(*cluster_, pod, info.gpu_memory_mib);
   if (request.gpu_milli > kMilli) {
     return fmt::format("asks for {} MiB of GPU memory; a GPU here has {} MiB", pod.gpumem_mib,
                        info.gpu_memory_mib);
@@ -433,8 +429,8 @@ HttpReply Extender::bind(const std::string& body) {
   }
   const std::string pod_name = name->get<std::string>(), pod_ns = ns->get<std::string>();
   const std::string pod_uid = uid->get<std::string>(), node_name = node->get<std::string>();
-  if (!dns_name(pod_name, kube::kMostNameLength, true) || !dns_name(pod_ns, 63, false) ||
-      !dns_name(node_name, kube::kMostNameLength, true) || pod_uid.size() > 128) {
+  if (!dns_name(pod_name, kMostNameLength, true) || !dns_name(pod_ns, 63, false) ||
+      !dns_name(node_name, kMostNameLength, true) || pod_uid.size() > 128) {
     return bad_request(
         "ExtenderBindingArgs: PodName and Node must be DNS subdomains, PodNamespace a DNS label, "
         "PodUID at most 128 bytes");
@@ -452,7 +448,7 @@ HttpReply Extender::bind(const std::string& body) {
     return error(
         fmt::format("{} binds are in flight already; try again", limits_.most_concurrent_binds));
   }
-  const Deadline deadline = Clock::now() + limits_.bind_budget;
+  const kube::Deadline deadline = Clock::now() + limits_.bind_budget;
   const std::string label = fmt::format("{}/{}", pod_ns, pod_name);
   const std::string pod_path = fmt::format("/api/v1/namespaces/{}/pods/{}", pod_ns, pod_name);
 
@@ -462,7 +458,7 @@ HttpReply Extender::bind(const std::string& body) {
   if (read.status != 200) {
     return error(fmt::format("cannot read pod {}: HTTP {} {}", label, read.status, read.error));
   }
-  kube::PodRequest pod;
+  PodRequest pod;
   std::string version;
   try {
     const nlohmann::json object = parse_outside_json(read.body);
@@ -477,7 +473,7 @@ HttpReply Extender::bind(const std::string& body) {
                                label, bound));
     }
     version = string_at(object, "/metadata/resourceVersion"_json_pointer);
-    pod = kube::pod_from_json(object);
+    pod = pod_from_json(object);
   } catch (const std::exception& failure) {
     return error(fmt::format("pod {} cannot be read: {}", label, failure.what()));
   }
@@ -519,8 +515,7 @@ HttpReply Extender::bind(const std::string& body) {
   };
 
   const nlohmann::json record{{"node", node_name}, {"gpus", gpus}, {"milli", gpu_milli}};
-  nlohmann::json patch{
-      {"metadata", {{"annotations", {{kube::kAssignmentAnnotation, record.dump()}}}}}};
+  nlohmann::json patch{{"metadata", {{"annotations", {{kAssignmentAnnotation, record.dump()}}}}}};
   // A merge patch that names the version is refused (409) if the pod changed since.
   if (!version.empty()) patch["metadata"]["resourceVersion"] = version;
   const ApiResponse recorded = api_->patch(pod_path, dump_outside_json(patch), deadline);
@@ -542,7 +537,7 @@ HttpReply Extender::bind(const std::string& body) {
     // The record must not outlive the bind; an unbound pod's record is ignored anyway, so a
     // revert that fails too (the API server is down) leaves nothing held.
     const nlohmann::json revert{
-        {"metadata", {{"annotations", {{kube::kAssignmentAnnotation, nullptr}}}}}};
+        {"metadata", {{"annotations", {{kAssignmentAnnotation, nullptr}}}}}};
     const ApiResponse reverted =
         api_->patch(pod_path, revert.dump(), Clock::now() + std::chrono::seconds(2));
     if (reverted.status != 200) {
@@ -557,206 +552,120 @@ HttpReply Extender::bind(const std::string& body) {
 
 // --- lists and watches -----------------------------------------------------------------
 
-bool Extender::list(Resource resource, std::string& version, std::string& error) {
-  const ApiResponse listed = api_->get(collection_path(resource));
-  if (listed.status != 200) {
-    error = fmt::format("listing {} failed: HTTP {} {}", collection_path(resource), listed.status,
-                        listed.error);
-    return false;
-  }
-  std::map<std::string, kube::NodeInfo> node_infos;
-  std::map<std::string, Hold> holds;
-  try {
-    const nlohmann::json list_body = parse_outside_json(listed.body);
-    if (!list_body.is_object() || !list_body.contains("items") || !list_body["items"].is_array()) {
-      throw std::runtime_error("it has no items array");
+void Extender::replace_nodes(const nlohmann::json& items) {
+  std::map<std::string, NodeInfo> node_infos;
+  // One object that cannot be read is reported and skipped; the rest still count.
+  for (const auto& item : items) {
+    try {
+      NodeInfo info = node_from_json(item);
+      node_infos[info.spec.name] = info;
+    } catch (const std::exception& failure) {
+      say(fmt::format("listing /api/v1/nodes: skipped an object: {}", failure.what()));
     }
-    version = string_at(list_body, "/metadata/resourceVersion"_json_pointer);
-    // One object that cannot be read is reported and skipped; the rest still count.
-    for (const auto& item : list_body["items"]) {
-      try {
-        if (resource == Resource::nodes) {
-          kube::NodeInfo info = kube::node_from_json(item);
-          node_infos[info.spec.name] = info;
-        } else {
-          const std::string uid = string_at(item, "/metadata/uid"_json_pointer);
-          if (uid.empty() || uid.size() > 128)
-            throw std::runtime_error("a pod without metadata.uid");
-          if (auto hold = hold_of(item, uid)) holds[uid] = std::move(*hold);
-        }
-      } catch (const std::exception& failure) {
-        say(fmt::format("listing {}: skipped an object: {}", collection_path(resource),
-                        failure.what()));
-      }
-    }
-  } catch (const std::exception& failure) {
-    error = fmt::format("the API server's list of {} is malformed: {}", collection_path(resource),
-                        failure.what());
-    return false;
   }
   std::unique_lock<std::shared_mutex> writing(mutex_);
-  if (resource == Resource::nodes) {
-    nodes_ = std::move(node_infos);
-  } else {
-    // A list may have been read before this extender's latest binds reached the API server:
-    // those stay held a while, unless the list shows them already.
-    const auto now = Clock::now();
-    for (auto bound = own_binds_.begin(); bound != own_binds_.end();) {
-      const auto held = holds_.find(bound->first);
-      if (now - bound->second > kOwnBindGrace || held == holds_.end()) {
-        bound = own_binds_.erase(bound);
-        continue;
-      }
-      holds.try_emplace(bound->first, held->second);
-      ++bound;
+  nodes_ = std::move(node_infos);
+  rebuild_locked();
+}
+
+void Extender::replace_pods(const nlohmann::json& items) {
+  std::map<std::string, Hold> holds;
+  for (const auto& item : items) {
+    try {
+      const std::string uid = string_at(item, "/metadata/uid"_json_pointer);
+      if (uid.empty() || uid.size() > 128) throw std::runtime_error("a pod without metadata.uid");
+      if (auto hold = hold_of(item, uid)) holds[uid] = std::move(*hold);
+    } catch (const std::exception& failure) {
+      say(fmt::format("listing /api/v1/pods: skipped an object: {}", failure.what()));
     }
-    holds_ = std::move(holds);
+  }
+  std::unique_lock<std::shared_mutex> writing(mutex_);
+  // A list may have been read before this extender's latest binds reached the API server:
+  // those stay held a while, unless the list shows them already.
+  const auto now = Clock::now();
+  for (auto bound = own_binds_.begin(); bound != own_binds_.end();) {
+    const auto held = holds_.find(bound->first);
+    if (now - bound->second > kOwnBindGrace || held == holds_.end()) {
+      bound = own_binds_.erase(bound);
+      continue;
+    }
+    holds.try_emplace(bound->first, held->second);
+    ++bound;
+  }
+  holds_ = std::move(holds);
+  rebuild_locked();
+}
+
+void Extender::apply_node_event(std::string_view type, const nlohmann::json& object) {
+  const std::string name = string_at(object, "/metadata/name"_json_pointer);
+  if (name.empty()) throw std::runtime_error(fmt::format("a {} event's node has no name", type));
+  std::optional<NodeInfo> info;
+  if (type != "DELETED") {
+    try {
+      info = node_from_json(object);
+    } catch (const std::exception& error) {  // unusable now: offered to nobody
+      say(fmt::format("watching nodes: {}; the node is not offered", error.what()));
+    }
+  }
+  std::unique_lock<std::shared_mutex> writing(mutex_);
+  const auto known = nodes_.find(name);
+  if (info && known != nodes_.end() && same_node(known->second, *info)) {
+    return;  // a status update: nothing Tessera uses changed
+  }
+  if (!info && known == nodes_.end()) return;
+  if (info) {
+    nodes_[name] = *info;
+  } else {
+    nodes_.erase(name);
   }
   rebuild_locked();
-  return true;
+}
+
+void Extender::apply_pod_event(std::string_view type, const nlohmann::json& object) {
+  const std::string uid = string_at(object, "/metadata/uid"_json_pointer);
+  if (uid.empty() || uid.size() > 128) {
+    throw std::runtime_error(fmt::format("a {} event's pod has no metadata.uid", type));
+  }
+  std::optional<Hold> hold;
+  if (type != "DELETED") hold = hold_of(object, uid);
+  std::unique_lock<std::shared_mutex> writing(mutex_);
+  if (type == "DELETED" || finished(object)) {
+    own_binds_.erase(uid);
+  } else if (!hold && own_binds_.contains(uid)) {
+    return;  // not bound yet: this extender's bind holds its room
+  }
+  set_hold_locked(uid, std::move(hold));
+}
+
+kube::CollectionHandlers Extender::handlers(Resource resource) {
+  if (resource == Resource::nodes) {
+    return {[this](const nlohmann::json& items) { replace_nodes(items); },
+            [this](std::string_view type, const nlohmann::json& object) {
+              apply_node_event(type, object);
+            }};
+  }
+  return {[this](const nlohmann::json& items) { replace_pods(items); },
+          [this](std::string_view type, const nlohmann::json& object) {
+            apply_pod_event(type, object);
+          }};
 }
 
 bool Extender::sync(std::string& error) {
   std::string version;
-  return list(Resource::nodes, version, error) && list(Resource::pods, version, error);
+  return kube::list_collection(*api_, collection_path(Resource::nodes), handlers(Resource::nodes),
+                               version, error) &&
+         kube::list_collection(*api_, collection_path(Resource::pods), handlers(Resource::pods),
+                               version, error);
 }
 
-Extender::WatchEnd Extender::apply_event(Resource resource, const std::string& line,
-                                         std::string& version, std::string& why) {
-  try {
-    const nlohmann::json event = parse_outside_json(line);
-    if (!event.is_object() || !event.contains("type") || !event["type"].is_string()) {
-      why = fmt::format("an event without a type: {}", line.substr(0, 200));
-      return WatchEnd::broken;
-    }
-    const std::string type = event["type"].get<std::string>();
-    const nlohmann::json& object = event.contains("object") ? event["object"] : event;
-    if (type == "ERROR") {  // 410 Gone: the version is too old to watch from
-      if (object.is_object() && object.contains("code") && object["code"] == 410) {
-        return WatchEnd::expired;
-      }
-      why = fmt::format("the API server sent {}", line.substr(0, 200));
-      return WatchEnd::broken;
-    }
-    if (!object.is_object()) {
-      why = fmt::format("a {} event without an object", type);
-      return WatchEnd::broken;
-    }
-    if (type != "ADDED" && type != "MODIFIED" && type != "DELETED" && type != "BOOKMARK") {
-      why = fmt::format("an event of unknown type {}", type.substr(0, 40));
-      return WatchEnd::broken;
-    }
-    if (const std::string seen = string_at(object, "/metadata/resourceVersion"_json_pointer);
-        !seen.empty()) {
-      version = seen;
-    }
-    if (type == "BOOKMARK") return WatchEnd::not_yet;
-    if (resource == Resource::nodes) {
-      const std::string name = string_at(object, "/metadata/name"_json_pointer);
-      if (name.empty()) {
-        why = fmt::format("a {} event's node has no name", type);
-        return WatchEnd::broken;
-      }
-      std::optional<kube::NodeInfo> info;
-      if (type != "DELETED") {
-        try {
-          info = kube::node_from_json(object);
-        } catch (const std::exception& error) {  // unusable now: offered to nobody
-          say(fmt::format("watching nodes: {}; the node is not offered", error.what()));
-        }
-      }
-      std::unique_lock<std::shared_mutex> writing(mutex_);
-      const auto known = nodes_.find(name);
-      if (info && known != nodes_.end() && same_node(known->second, *info)) {
-        return WatchEnd::not_yet;  // a status update: nothing Tessera uses changed
-      }
-      if (!info && known == nodes_.end()) return WatchEnd::not_yet;
-      if (info) {
-        nodes_[name] = *info;
-      } else {
-        nodes_.erase(name);
-      }
-      rebuild_locked();
-      return WatchEnd::not_yet;
-    }
-    const std::string uid = string_at(object, "/metadata/uid"_json_pointer);
-    if (uid.empty() || uid.size() > 128) {
-      why = fmt::format("a {} event's pod has no metadata.uid", type);
-      return WatchEnd::broken;
-    }
-    std::optional<Hold> hold;
-    if (type != "DELETED") hold = hold_of(object, uid);
-    std::unique_lock<std::shared_mutex> writing(mutex_);
-    if (type == "DELETED" || finished(object)) {
-      own_binds_.erase(uid);
-    } else if (!hold && own_binds_.contains(uid)) {
-      return WatchEnd::not_yet;  // not bound yet: this extender's bind holds its room
-    }
-    set_hold_locked(uid, std::move(hold));
-  } catch (const std::exception& error) {  // list again rather than guess
-    why = fmt::format("an event cannot be read: {}", error.what());
-    return WatchEnd::broken;
-  }
-  return WatchEnd::not_yet;
+kube::WatchEnd Extender::apply_event(Resource resource, const std::string& line,
+                                     std::string& version, std::string& why) {
+  return kube::apply_watch_line(line, handlers(resource), version, why);
 }
 
-void Extender::follow(Resource resource, const std::atomic<bool>& stop, const Reporter& report) {
-  auto tell = [&report](const std::string& text) {
-    try {
-      report(text);
-    } catch (...) {
-    }
-  };
-  // A watch that ends at once without news (a server answering 410, or closing, every time)
-  // is retried ever more slowly: 100 ms, doubling up to 5 s.
-  constexpr std::chrono::milliseconds kFirstBackoff{100}, kMostBackoff{5000};
-  std::chrono::milliseconds backoff{0};
-  auto fruitless = [&] {
-    backoff = std::min(kMostBackoff, backoff.count() == 0 ? kFirstBackoff : 2 * backoff);
-    pause_for(backoff, stop);
-  };
-  while (!stop) {
-    try {
-      std::string version, error;
-      if (!list(resource, version, error)) {
-        tell(error);
-        pause_for(std::chrono::seconds(1), stop);
-        continue;
-      }
-      WatchEnd end = WatchEnd::not_yet;
-      while (!stop && end == WatchEnd::not_yet) {
-        const std::string path =
-            fmt::format("{}?watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}",
-                        collection_path(resource), version);
-        const auto started = Clock::now();
-        int applied = 0;
-        const ApiResponse answer = api_->watch(
-            path,
-            [&](const std::string& line) {
-              end = apply_event(resource, line, version, error);
-              applied += end == WatchEnd::not_yet;
-              return end == WatchEnd::not_yet;
-            },
-            stop, 330);
-        if (end == WatchEnd::not_yet && answer.status != 200 && !stop) {
-          error = fmt::format("HTTP {} {}", answer.status, answer.error);
-          end = WatchEnd::broken;
-        }
-        if (end == WatchEnd::broken) {  // whatever broke it, say so, and do not hammer the server
-          tell(fmt::format("watching {}: {}; listing again", collection_path(resource), error));
-          pause_for(std::chrono::seconds(1), stop);
-        } else if (applied == 0 && Clock::now() - started < std::chrono::seconds(1)) {
-          fruitless();
-        } else {
-          backoff = std::chrono::milliseconds(0);
-        }
-        // A stream that ends cleanly (timeoutSeconds) is resumed from the last version seen.
-      }
-    } catch (const std::exception& failure) {  // nothing may end the thread
-      tell(fmt::format("watching {}: {}", collection_path(resource), failure.what()));
-      pause_for(std::chrono::seconds(1), stop);
-    }
-  }
+void Extender::follow(Resource resource, const std::atomic<bool>& stop,
+                      const kube::Reporter& report) {
+  kube::follow_collection(*api_, collection_path(resource), handlers(resource), stop, report);
 }
 
-}  // namespace tessera::sched
+}  // namespace tessera::extender

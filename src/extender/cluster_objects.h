@@ -1,5 +1,5 @@
-// Kubernetes objects as the extender sees them: nodes with the capacity Tessera advertises,
-// and pods with NVIDIA and HAMi GPU resources.
+// Kubernetes objects as the extender sees them, in the placement engine's terms: nodes with the
+// capacity Tessera advertises, and pods with NVIDIA and HAMi GPU resources.
 //
 // Node capacity: CPU and memory from status.allocatable, GPUs from the annotation
 //   tessera.io/gpus: {"model": "A100-SXM4-80GB", "count": 8, "memory_mib": 81920}
@@ -15,22 +15,18 @@
 
 #include "sched/engine.h"
 
-namespace tessera::sched::kube {
+namespace tessera::extender {
+
+using sched::Cluster;
+using sched::kMaxGpusPerNode;
+using sched::kMilli;
+using sched::NodeSpec;
+using sched::PodSpec;
+using sched::Request;
 
 inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
 inline constexpr const char* kAssignmentAnnotation = "tessera.io/assignment";
 inline constexpr const char* kPolicyAnnotation = "tessera.io/policy";
-
-// Kubernetes quantities, read exactly: "2", "500m", "1.5", "2e3" (CPU, to milli-CPU, rounded
-// up); "1Gi", "512Mi", "1G", "1000" (memory, to MiB, rounded up); whole counts for GPU
-// resources. False on anything else, and on values past these bounds (no resource of a real
-// node comes near them; they keep every sum far from overflow).
-inline constexpr std::int64_t kMostCpuMilli = std::int64_t{1} << 40;   // a billion CPUs
-inline constexpr std::int64_t kMostMemoryMib = std::int64_t{1} << 40;  // an exbibyte
-inline constexpr std::int64_t kMostCount = 1 << 20;
-bool parse_cpu_milli(std::string_view text, std::int64_t& milli);
-bool parse_memory_mib(std::string_view text, std::int64_t& mib);
-bool parse_count(std::string_view text, std::int64_t& count);
 
 inline constexpr std::size_t kMostNameLength = 253;  // a DNS subdomain, as Kubernetes allows
 
@@ -71,4 +67,4 @@ Request request_on(const Cluster& cluster, const PodRequest& pod, std::int64_t g
 // Why a pod may not use a node's GPU model at all (empty if it may).
 std::string model_refusal(const PodRequest& pod, const std::string& model);
 
-}  // namespace tessera::sched::kube
+}  // namespace tessera::extender

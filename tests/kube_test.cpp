@@ -1,0 +1,180 @@
+// The Kubernetes client's own parts: connection settings in and out of a cluster, and the
+// reflector's reading of lists and watch events, against a real HTTP server.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kube/api_client.h"
+#include "kube/reflector.h"
+#include "support.h"
+
+namespace tessera::kube {
+namespace {
+
+using test::ScratchDirectory;
+
+// Sets or clears an environment variable for one test, and puts it back after.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old, had_ = true;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedVariable() {
+    if (had_) {
+      setenv(name_, saved_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string saved_;
+  bool had_ = false;
+};
+
+std::string write(const ScratchDirectory& scratch, const std::string& name,
+                  const std::string& text) {
+  const std::string path = scratch.file(name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+TEST(KubeClient, OutsideAClusterAServerMustBeGiven) {
+  ScopedVariable host("KUBERNETES_SERVICE_HOST", nullptr);
+  ApiClientOptions options;
+  std::string error;
+  EXPECT_FALSE(client_options({}, options, error));
+  EXPECT_NE(error.find("KUBERNETES_SERVICE_HOST"), std::string::npos) << error;
+  EXPECT_TRUE(client_options({.server = "http://127.0.0.1:8080"}, options, error)) << error;
+  EXPECT_EQ(options.server, "http://127.0.0.1:8080");
+  EXPECT_TRUE(options.token.empty());
+}
+
+TEST(KubeClient, InAClusterTheServiceAndItsAccountAreUsed) {
+  ScratchDirectory scratch;
+  ScopedVariable host("KUBERNETES_SERVICE_HOST", "10.96.0.1");
+  ScopedVariable port("KUBERNETES_SERVICE_PORT", "443");
+  ApiClientOptions options;
+  std::string error;
+  const std::string token = write(scratch, "token", "eyJhbGciOi.abc.def\n");
+  ASSERT_TRUE(client_options({.token_file = token, .ca_file = "/ca.crt"}, options, error)) << error;
+  EXPECT_EQ(options.server, "https://10.96.0.1:443");
+  EXPECT_EQ(options.token, "eyJhbGciOi.abc.def");  // without its line break
+  EXPECT_EQ(options.ca_file, "/ca.crt");
+  ScopedVariable v6("KUBERNETES_SERVICE_HOST", "fd00::1");
+  ASSERT_TRUE(client_options({.token_file = token}, options, error)) << error;
+  EXPECT_EQ(options.server, "https://[fd00::1]:443");
+  EXPECT_EQ(options.ca_file, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt");
+}
+
+TEST(KubeClient, ATokenFileThatIsNoTokenIsRefusedWithItsPath) {
+  ScratchDirectory scratch;
+  const struct {
+    std::string name, content, expected;
+  } cases[] = {{"two-lines", "abc\nX-Injected: 1\n", "more than one line"},
+               {"huge", std::string(100 << 10, 'a'), "larger than any token"}};
+  for (const auto& c : cases) {
+    const std::string path = write(scratch, c.name, c.content);
+    ApiClientOptions options;
+    std::string error;
+    EXPECT_FALSE(
+        client_options({.server = "http://127.0.0.1:1", .token_file = path}, options, error));
+    EXPECT_NE(error.find(c.expected), std::string::npos) << error;
+    EXPECT_NE(error.find(path), std::string::npos) << error;
+  }
+  ApiClientOptions options;
+  std::string error;
+  EXPECT_FALSE(client_options({.server = "http://127.0.0.1:1", .token_file = scratch.file("none")},
+                              options, error));
+  EXPECT_NE(error.find(scratch.file("none")), std::string::npos) << error;
+}
+
+// What a reflector handed to the collection's owner.
+struct Seen {
+  std::vector<std::string> calls;
+  bool refuse = false;
+  CollectionHandlers handlers() {
+    return {[this](const nlohmann::json& items) { calls.push_back("list " + items.dump()); },
+            [this](std::string_view type, const nlohmann::json& object) {
+              if (refuse) throw std::runtime_error("the owner cannot use it");
+              calls.push_back(std::string(type) + " " + object.value("name", ""));
+            }};
+  }
+};
+
+TEST(KubeReflector, EachWatchLineIsAppliedOrEndsTheWatchWithAReason) {
+  Seen seen;
+  std::string version = "1", why;
+  EXPECT_EQ(apply_watch_line(R"({"type":"ADDED","object":{"name":"a","metadata":
+              {"resourceVersion":"5"}}})",
+                             seen.handlers(), version, why),
+            WatchEnd::not_yet);
+  EXPECT_EQ(version, "5");
+  EXPECT_EQ(apply_watch_line(R"({"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}})",
+                             seen.handlers(), version, why),
+            WatchEnd::not_yet);
+  EXPECT_EQ(version, "9");  // a bookmark moves the version and applies nothing
+  EXPECT_EQ(seen.calls, std::vector<std::string>{"ADDED a"});
+  EXPECT_EQ(
+      apply_watch_line(R"({"type":"ERROR","object":{"code":410}})", seen.handlers(), version, why),
+      WatchEnd::expired);
+  const struct {
+    std::string line, expected;
+  } broken[] = {{"not json", "cannot be read"},
+                {R"({"object":{}})", "without a type"},
+                {R"({"type":"ADDED","object":3})", "without an object"},
+                {R"({"type":"RENAMED","object":{}})", "unknown type"},
+                {R"({"type":"ERROR","object":{"code":500}})", "the API server sent"},
+                {std::string(100, '[') + std::string(100, ']'), "cannot be read"}};
+  for (const auto& c : broken) {
+    why.clear();
+    EXPECT_EQ(apply_watch_line(c.line, seen.handlers(), version, why), WatchEnd::broken) << c.line;
+    EXPECT_NE(why.find(c.expected), std::string::npos) << c.line << ": " << why;
+  }
+  seen.refuse = true;
+  EXPECT_EQ(apply_watch_line(R"({"type":"MODIFIED","object":{"name":"a"}})", seen.handlers(),
+                             version, why),
+            WatchEnd::broken);
+  EXPECT_EQ(why, "the owner cannot use it");
+}
+
+TEST(KubeReflector, AListIsHandedOverWholeOrRefusedWithAReason) {
+  httplib::Server server;
+  std::string answer = R"({"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[1,2]})";
+  int status = 200;
+  server.Get("/api/v1/pods", [&](const httplib::Request&, httplib::Response& response) {
+    response.status = status;
+    response.set_content(answer, "application/json");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  std::thread serving([&] { server.listen_after_bind(); });  // bound: connections queue
+  const ApiClient api({.server = "http://127.0.0.1:" + std::to_string(port), .attempts = 1});
+  Seen seen;
+  std::string version, error;
+  EXPECT_TRUE(list_collection(api, "/api/v1/pods", seen.handlers(), version, error)) << error;
+  EXPECT_EQ(version, "7");
+  EXPECT_EQ(seen.calls, std::vector<std::string>{"list [1,2]"});
+  answer = R"({"kind":"PodList","items":{}})";
+  EXPECT_FALSE(list_collection(api, "/api/v1/pods", seen.handlers(), version, error));
+  EXPECT_NE(error.find("no items array"), std::string::npos) << error;
+  status = 403;
+  EXPECT_FALSE(list_collection(api, "/api/v1/pods", seen.handlers(), version, error));
+  EXPECT_NE(error.find("HTTP 403"), std::string::npos) << error;
+  EXPECT_EQ(seen.calls.size(), 1u);  // nothing more was handed over
+  server.stop();
+  serving.join();
+}
+
+}  // namespace
+}  // namespace tessera::kube
