@@ -12,7 +12,7 @@
 // device should be done; a low-priority launch waits until then. A device runs the work queued
 // on it in order, so low-priority work already queued when high-priority work arrives delays
 // it: while high-priority work was pending lately, a low-priority group queues no more than
-// one launch plus a twentieth of the latest high-priority launch's device time.
+// one launch plus a fortieth of the latest high-priority launch's device time.
 #include <time.h>
 
 #include <cstdlib>
@@ -37,7 +37,7 @@ constexpr std::uint64_t kOthersWindowNs =
 // High-priority work pending this recently: low-priority groups keep their queues short,
 constexpr std::uint64_t kHighRecentNs = 100'000'000;
 // at most this fraction of a high-priority launch's device time.
-constexpr std::uint64_t kHighDelayDivisor = 20;
+constexpr std::uint64_t kHighDelayDivisor = 40;
 
 struct Cost {
   std::uint64_t samples[kSamples];
