@@ -519,6 +519,28 @@ TEST(Ledger, AccountsWrittenOverAreNoticedAndGrantNothingMore) {
   }
 }
 
+// Recovery from a lock whose owner died runs before the checks do: a bound written over then
+// must still be damage, never a read past the accounts.
+TEST(Ledger, ABoundWrittenOverWhileTheLocksOwnerIsDeadIsDamageNotACrash) {
+  HeldGroup group;
+  auto& [scratch, path, holder, newcomer] = group;
+  // A process that takes the group's lock and dies holding it.
+  ASSERT_EQ(in_child([&] {
+              auto* file = const_cast<LedgerFile*>(holder.file());
+              return pthread_mutex_lock(&file->accounts.lock) == 0;
+            }),
+            0);
+  overwrite(path, offsetof(LedgerFile, accounts) + offsetof(SharedAccounts, slot_bound), 0xff, 4);
+  const int status = in_child([&] {
+    const bool granted = newcomer.reserve(0, 50);
+    const char* why = newcomer.damage();
+    std::fprintf(stderr, "%s\n", why == nullptr ? "(no damage seen)" : why);
+    return !granted && why != nullptr && std::strstr(why, "bound on the member slots") != nullptr;
+  });
+  EXPECT_EQ(status, 0) << "128 + signal: the recovery read past the accounts";
+  EXPECT_EQ(holder.file()->accounts.lock_recoveries.load(), 1u);  // the dead owner was seen
+}
+
 TEST(Ledger, RandomBytesWrittenIntoALedgerInUseNeverAbortAndNeverGrantMore) {
   std::mt19937 random(20261203);
   for (int round = 0; round < 200; ++round) {

@@ -127,6 +127,7 @@ void MemberAccounts::reap_dead_locked() {
 
 void MemberAccounts::lower_slot_bound_locked() {
   std::uint32_t bound = accounts_->slot_bound.load(std::memory_order_relaxed);
+  if (bound > kMaxMembers) return;  // written over: left for sound_locked to call damage
   while (bound > 0 &&
          accounts_->members[bound - 1].state.load(std::memory_order_relaxed) == kMemberFree) {
     --bound;
