@@ -108,12 +108,18 @@ bool MemberAccounts::checked_lock(int device) {
   return false;
 }
 
-void MemberAccounts::reap_dead_locked() {
+template <typename Visit>
+void MemberAccounts::for_each_live_locked(Visit visit) {
   const int slots = slots_locked();
   for (int slot = 0; slot < slots; ++slot) {
     MemberAccount& member = accounts_->members[slot];
-    if (slot == my_slot_ || member.state.load(std::memory_order_relaxed) != kMemberLive) continue;
-    if (liveness_lock_held_by_other(fd_, slot)) continue;
+    if (member.state.load(std::memory_order_relaxed) == kMemberLive) visit(slot, member);
+  }
+}
+
+void MemberAccounts::reap_dead_locked() {
+  for_each_live_locked([this](int slot, MemberAccount& member) {
+    if (slot == my_slot_ || liveness_lock_held_by_other(fd_, slot)) return;
     for (int device = 0; device < kMaxDevices; ++device) {
       const std::uint64_t held = member.used[device].exchange(0, std::memory_order_relaxed);
       accounts_->used[device].fetch_sub(held, std::memory_order_relaxed);
@@ -121,7 +127,7 @@ void MemberAccounts::reap_dead_locked() {
     member.pid = 0;
     member.state.store(kMemberFree, std::memory_order_release);
     accounts_->members_reclaimed.fetch_add(1, std::memory_order_relaxed);
-  }
+  });
   lower_slot_bound_locked();
 }
 
@@ -136,15 +142,14 @@ void MemberAccounts::lower_slot_bound_locked() {
 }
 
 void MemberAccounts::rebuild_totals_locked() {
-  for (int device = 0; device < kMaxDevices; ++device) {
-    std::uint64_t total = 0;
-    for (int slot = 0; slot < slots_locked(); ++slot) {
-      const MemberAccount& member = accounts_->members[slot];
-      if (member.state.load(std::memory_order_relaxed) == kMemberLive) {
-        total += member.used[device].load(std::memory_order_relaxed);
-      }
+  std::uint64_t totals[kMaxDevices] = {};
+  for_each_live_locked([&totals](int, const MemberAccount& member) {
+    for (int device = 0; device < kMaxDevices; ++device) {
+      totals[device] += member.used[device].load(std::memory_order_relaxed);
     }
-    accounts_->used[device].store(total, std::memory_order_relaxed);
+  });
+  for (int device = 0; device < kMaxDevices; ++device) {
+    accounts_->used[device].store(totals[device], std::memory_order_relaxed);
   }
 }
 
@@ -250,10 +255,7 @@ int MemberAccounts::live_members() {
   if (!checked_lock(-1)) return -1;
   reap_dead_locked();
   int live = 0;
-  for (int slot = 0; slot < slots_locked(); ++slot) {
-    const MemberAccount& member = accounts_->members[slot];
-    if (member.state.load(std::memory_order_relaxed) == kMemberLive) ++live;
-  }
+  for_each_live_locked([&live](int, const MemberAccount&) { ++live; });
   unlock();
   return live;
 }
@@ -262,12 +264,10 @@ int MemberAccounts::live_pids(std::int32_t* pids, int capacity) {
   if (!checked_lock(-1)) return 0;
   reap_dead_locked();
   int count = 0;
-  for (int slot = 0; slot < slots_locked(); ++slot) {
-    const MemberAccount& member = accounts_->members[slot];
-    if (member.state.load(std::memory_order_relaxed) != kMemberLive) continue;
+  for_each_live_locked([&](int, const MemberAccount& member) {
     if (count < capacity) pids[count] = member.pid;
     ++count;
-  }
+  });
   unlock();
   return count;
 }
@@ -277,17 +277,15 @@ int MemberAccounts::list_members(int device, std::int32_t* pids, std::uint64_t* 
   if (!checked_lock(device)) return 0;
   reap_dead_locked();
   int count = 0;
-  for (int slot = 0; slot < slots_locked(); ++slot) {
-    const MemberAccount& member = accounts_->members[slot];
-    if (member.state.load(std::memory_order_relaxed) != kMemberLive) continue;
+  for_each_live_locked([&](int, const MemberAccount& member) {
     const std::uint64_t bytes = member.used[device].load(std::memory_order_relaxed);
-    if (bytes == 0) continue;
+    if (bytes == 0) return;
     if (count < capacity) {
       pids[count] = member.pid;
       used[count] = bytes;
     }
     ++count;
-  }
+  });
   unlock();
   return count;
 }

@@ -111,6 +111,9 @@ class MemberAccounts {
     const std::uint32_t bound = accounts_->slot_bound.load(std::memory_order_relaxed);
     return bound < kMaxMembers ? static_cast<int>(bound) : kMaxMembers;
   }
+  // Calls visit(slot, member) for each live member below the bound.
+  template <typename Visit>
+  void for_each_live_locked(Visit visit);
   void reap_dead_locked();
   void lower_slot_bound_locked();  // past the free slots at the top
   void rebuild_totals_locked();
