@@ -16,6 +16,7 @@ using kube::ApiClient;
 using kube::ApiResponse;
 using kube::dump_outside_json;
 using kube::parse_outside_json;
+using kube::string_at;
 
 namespace {
 
@@ -40,13 +41,6 @@ const nlohmann::json* field(const nlohmann::json& object, const std::string& nam
     }
   }
   return nullptr;
-}
-
-// A string member at `pointer`, or "" where there is none or it is not a string.
-std::string string_at(const nlohmann::json& object, const nlohmann::json::json_pointer& pointer) {
-  if (!object.contains(pointer)) return {};
-  const nlohmann::json& value = object[pointer];
-  return value.is_string() ? value.get<std::string>() : std::string();
 }
 
 bool finished(const nlohmann::json& pod) {

@@ -25,6 +25,12 @@ nlohmann::json parse_outside_json(std::string_view text) {
   }
 }
 
+std::string string_at(const nlohmann::json& object, const nlohmann::json::json_pointer& pointer) {
+  if (!object.contains(pointer)) return {};
+  const nlohmann::json& value = object[pointer];
+  return value.is_string() ? value.get<std::string>() : std::string();
+}
+
 std::string dump_outside_json(const nlohmann::json& value) {
   return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

@@ -15,6 +15,9 @@ inline constexpr int kMostJsonDepth = 64;  // Kubernetes objects nest about 12 d
 // Throws std::runtime_error saying why: not JSON, or nested too deep.
 nlohmann::json parse_outside_json(std::string_view text);
 
+// The string at `pointer` in `object`, or "" where there is none or it is not a string.
+std::string string_at(const nlohmann::json& object, const nlohmann::json::json_pointer& pointer);
+
 // Serialises a value holding strings from outside: bytes that are not UTF-8 become U+FFFD
 // instead of throwing.
 std::string dump_outside_json(const nlohmann::json& value);

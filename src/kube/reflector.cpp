@@ -15,9 +15,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string version_of(const nlohmann::json& object) {
-  const auto pointer = "/metadata/resourceVersion"_json_pointer;
-  if (!object.contains(pointer) || !object[pointer].is_string()) return "";
-  return object[pointer].get<std::string>();
+  return string_at(object, "/metadata/resourceVersion"_json_pointer);
 }
 
 // Sleeps for `length` unless `stop` is set first.
