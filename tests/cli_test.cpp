@@ -454,3 +454,29 @@ TEST(Sim, AFewGpuPodsAmongManyCpuPodsStillFinish) {
 
 }  // namespace
 }  // namespace tessera::test
+
+namespace tessera::test {
+namespace {
+
+// Where the API server is comes from the flags or the pod: neither is a usage error, and a
+// token file that is no token is refused with its path before anything is served.
+TEST(Cli, SchedulerConnectionSettingsAreCheckedWithReasons) {
+  ScratchDirectory scratch;
+  // Empty service variables (as some launchers leave them) are no cluster.
+  const Environment outside{{"KUBERNETES_SERVICE_HOST", ""}, {"KUBERNETES_SERVICE_PORT", ""}};
+  const Finished no_server = run({tessera(), "scheduler", "--listen", "127.0.0.1:0"}, outside);
+  EXPECT_EQ(no_server.exit_code, 2) << no_server.err;
+  EXPECT_NE(no_server.err.find("--api-server is required outside a cluster"), std::string::npos)
+      << no_server.err;
+  const std::string token = scratch.file("token");
+  std::ofstream(token) << "abc\nX-Injected: 1\n";
+  const Finished bad_token = run({tessera(), "scheduler", "--listen", "127.0.0.1:0", "--api-server",
+                                  "http://127.0.0.1:1", "--token-file", token},
+                                 outside);
+  EXPECT_NE(bad_token.exit_code, 0);
+  EXPECT_NE(bad_token.err.find(token), std::string::npos) << bad_token.err;
+  EXPECT_NE(bad_token.err.find("more than one line"), std::string::npos) << bad_token.err;
+}
+
+}  // namespace
+}  // namespace tessera::test

@@ -64,7 +64,7 @@ int scheduler_command(const SchedulerOptions& options) {
                              .ca_file = options.ca_file,
                              .timeout_ms = options.timeout_ms},
                             api, problem)) {
-    if (options.api_server.empty() && std::getenv("KUBERNETES_SERVICE_HOST") == nullptr) {
+    if (options.api_server.empty() && !kube::in_cluster()) {
       throw UsageError("--api-server is required outside a cluster");
     }
     throw std::runtime_error(problem);

@@ -51,18 +51,24 @@ bool read_token(const std::string& path, std::string& token, std::string& error)
 
 }  // namespace
 
+bool in_cluster() {
+  const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
+  const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
+  return host != nullptr && port != nullptr && *host != '\0' && *port != '\0';
+}
+
 bool client_options(const Connection& connection, ApiClientOptions& options, std::string& error) {
   options.server = connection.server;
   options.timeout_ms = connection.timeout_ms;
   std::string token_file = connection.token_file;
   options.ca_file = connection.ca_file;
   if (options.server.empty()) {  // inside a cluster: the service account
-    const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
-    const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
-    if (host == nullptr || port == nullptr || *host == '\0' || *port == '\0') {
+    if (!in_cluster()) {
       error = "no API server given, and not in a cluster (KUBERNETES_SERVICE_HOST is not set)";
       return false;
     }
+    const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
+    const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
     const bool ipv6 = std::string_view(host).find(':') != std::string_view::npos;
     options.server =
         std::string("https://") + (ipv6 ? "[" : "") + host + (ipv6 ? "]" : "") + ":" + port;

@@ -36,6 +36,8 @@ struct Connection {
   std::string ca_file{};     // empty: the service account's, in a pod; else the system's
   int timeout_ms = 5000;
 };
+// Whether this process runs in a pod, as the API server's service variables say.
+bool in_cluster();
 // Client options for `connection`: in a pod, KUBERNETES_SERVICE_HOST and _PORT and the
 // service account's token and CA fill what it leaves empty. False with the reason in `error`
 // when no server is given outside a cluster, or a file cannot be read.
