@@ -554,7 +554,8 @@ void Extender::replace_nodes(const nlohmann::json& items) {
       NodeInfo info = node_from_json(item);
       node_infos[info.spec.name] = info;
     } catch (const std::exception& failure) {
-      say(fmt::format("listing /api/v1/nodes: skipped an object: {}", failure.what()));
+      say(fmt::format("listing {}: skipped an object: {}", collection_path(Resource::nodes),
+                      failure.what()));
     }
   }
   std::unique_lock<std::shared_mutex> writing(mutex_);
@@ -570,7 +571,8 @@ void Extender::replace_pods(const nlohmann::json& items) {
       if (uid.empty() || uid.size() > 128) throw std::runtime_error("a pod without metadata.uid");
       if (auto hold = hold_of(item, uid)) holds[uid] = std::move(*hold);
     } catch (const std::exception& failure) {
-      say(fmt::format("listing /api/v1/pods: skipped an object: {}", failure.what()));
+      say(fmt::format("listing {}: skipped an object: {}", collection_path(Resource::pods),
+                      failure.what()));
     }
   }
   std::unique_lock<std::shared_mutex> writing(mutex_);
