@@ -66,4 +66,31 @@ struct SchedulerOptions {
 };
 int scheduler_command(const SchedulerOptions& options);
 
+struct NodeOptions {
+  std::string node_name;  // empty: NODE_NAME, else the host's name
+  std::string device_plugin_dir = "/var/lib/kubelet/device-plugins";
+  std::string config_file;
+  std::string config_dir;
+  std::string config;  // the config to use when no node label names one
+  std::string features_dir;
+  std::string state_dir = "/var/lib/tessera";
+  std::string metrics_listen;  // HOST:PORT; empty: no metrics
+  std::string api_server;      // empty: in-cluster if in a pod, else none
+  std::string token_file;
+  std::string ca_file;
+  double recovery_seconds = 60;
+  std::string replica_policy = "distributed";
+};
+int node_command(const NodeOptions& options);
+
+struct SimGpuEventOptions {
+  int device = -1;
+  std::optional<std::uint64_t> xid;
+  std::string ecc;  // single or double
+};
+int simgpu_event_command(const SimGpuEventOptions& options);
+
+// HOST:PORT with PORT from 0 to 65535; throws UsageError naming `option` otherwise.
+void split_listen_address(const std::string& text, const char* option, std::string& host, int& port);
+
 }  // namespace tessera::cli

@@ -90,6 +90,40 @@ int main(int argc, char** argv) {
   scheduler_app->add_option("--timeout-ms", scheduler.timeout_ms, "API server timeout per attempt")
       ->check(CLI::Range(1, 600000));
 
+  NodeOptions node;
+  CLI::App* node_app = app.add_subcommand(
+      "node", "Serve the kubelet's device plugins for this node's GPUs (the node agent)");
+  node_app->add_option("--node-name", node.node_name, "This node's name (default: NODE_NAME, else the host name)");
+  node_app->add_option("--device-plugin-dir", node.device_plugin_dir, "The kubelet's device plugin directory");
+  node_app->add_option("--config-file", node.config_file, "One NVIDIA device-plugin config (v1)");
+  node_app->add_option("--config-dir", node.config_dir,
+                       "Named configs, a file each (a mounted ConfigMap); the node label "
+                       "nvidia.com/device-plugin.config chooses one");
+  node_app->add_option("--config", node.config, "The config to use when no node label names one");
+  node_app->add_option("--features-dir", node.features_dir,
+                       "Write the GPU labels for node-feature-discovery here (e.g. "
+                       "/etc/kubernetes/node-feature-discovery/features.d)");
+  node_app->add_option("--state-dir", node.state_dir,
+                       "Host directory for the hook and the containers' ledgers");
+  node_app->add_option("--metrics-listen", node.metrics_listen, "HOST:PORT for /metrics (default: none)");
+  node_app->add_option("--api-server", node.api_server,
+                       "Kubernetes API server URL (default: in-cluster in a pod, else none)");
+  node_app->add_option("--token-file", node.token_file, "Bearer token for the API server");
+  node_app->add_option("--ca-file", node.ca_file, "CA bundle for the API server");
+  node_app->add_option("--recovery-period", node.recovery_seconds,
+                       "Seconds without errors after which a failed GPU is healthy again (0: never)");
+  node_app->add_option("--replica-policy", node.replica_policy,
+                       "Replicas of several GPUs: distributed (fewest in use first) or packed");
+
+  SimGpuEventOptions simgpu_event;
+  CLI::App* simgpu_app = app.add_subcommand("simgpu", "Act on the simulated GPU");
+  simgpu_app->require_subcommand(1);
+  CLI::App* simgpu_event_app = simgpu_app->add_subcommand(
+      "event", "Raise an XID or ECC error on a simulated GPU, as a failing GPU would");
+  simgpu_event_app->add_option("--device", simgpu_event.device, "The GPU (index)")->required();
+  simgpu_event_app->add_option("--xid", simgpu_event.xid, "An XID critical error, e.g. 79");
+  simgpu_event_app->add_option("--ecc", simgpu_event.ecc, "An ECC error: single or double (bit)");
+
   // CLI11 would only say "a subcommand is required"; name the word it did not know.
   const auto known = [&app](const std::string& name) {
     for (const CLI::App* command : app.get_subcommands({})) {
@@ -99,7 +133,8 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     report_error(fmt::format(
-        "unknown command '{}' (commands: run, devices, top, sim, scheduler; see --help)", argv[1]));
+        "unknown command '{}' (commands: run, devices, top, sim, scheduler, node, simgpu; see "
+        "--help)", argv[1]));
     return kUsageStatus;
   }
   try {
@@ -114,6 +149,8 @@ int main(int argc, char** argv) {
     if (devices_app->parsed()) return devices_command(devices);
     if (sim_app->parsed()) return sim_command(sim);
     if (scheduler_app->parsed()) return scheduler_command(scheduler);
+    if (node_app->parsed()) return node_command(node);
+    if (simgpu_event_app->parsed()) return simgpu_event_command(simgpu_event);
     if (top_app->parsed()) {
       top.once = top.once || top.json;
       return top_command(top);

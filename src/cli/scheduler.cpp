@@ -37,6 +37,20 @@ constexpr int kReadTimeoutSeconds = 5, kWriteTimeoutSeconds = 5, kIdleKeepAliveS
 
 }  // namespace
 
+void split_listen_address(const std::string& text, const char* option, std::string& host, int& port) {
+  const std::size_t colon = text.rfind(':');
+  port = -1;
+  if (colon != std::string::npos) {
+    const std::string_view digits = std::string_view(text).substr(colon + 1);
+    const auto [end, failure] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+    if (digits.empty() || failure != std::errc() || end != digits.data() + digits.size()) port = -1;
+  }
+  if (colon == std::string::npos || colon == 0 || port < 0 || port > 65535) {
+    throw UsageError(fmt::format("{} '{}' is not HOST:PORT with PORT from 0 to 65535", option, text));
+  }
+  host = text.substr(0, colon);
+}
+
 int scheduler_command(const SchedulerOptions& options) {
   sched::Policy policy;
   try {
@@ -44,18 +58,9 @@ int scheduler_command(const SchedulerOptions& options) {
   } catch (const std::invalid_argument& error) {
     throw UsageError(fmt::format("--policy: {}", error.what()));
   }
-  const std::size_t colon = options.listen.rfind(':');
+  std::string host;
   int port = -1;
-  if (colon != std::string::npos) {
-    const std::string_view digits = std::string_view(options.listen).substr(colon + 1);
-    const auto [end, failure] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-    if (digits.empty() || failure != std::errc() || end != digits.data() + digits.size()) port = -1;
-  }
-  if (colon == std::string::npos || colon == 0 || port < 0 || port > 65535) {
-    throw UsageError(
-        fmt::format("--listen '{}' is not HOST:PORT with PORT from 0 to 65535", options.listen));
-  }
-  const std::string host = options.listen.substr(0, colon);
+  split_listen_address(options.listen, "--listen", host, port);
 
   kube::ApiClientOptions api;
   std::string problem;

@@ -12,8 +12,11 @@ inline constexpr nvmlReturn_t NVML_ERROR_UNINITIALIZED = 1;
 inline constexpr nvmlReturn_t NVML_ERROR_INVALID_ARGUMENT = 2;
 inline constexpr nvmlReturn_t NVML_ERROR_NOT_SUPPORTED = 3;
 inline constexpr nvmlReturn_t NVML_ERROR_INSUFFICIENT_SIZE = 7;
-inline constexpr nvmlReturn_t NVML_ERROR_DRIVER_NOT_LOADED = 9;
 inline constexpr nvmlReturn_t NVML_ERROR_NOT_FOUND = 6;
+inline constexpr nvmlReturn_t NVML_ERROR_DRIVER_NOT_LOADED = 9;
+inline constexpr nvmlReturn_t NVML_ERROR_TIMEOUT = 10;
+inline constexpr nvmlReturn_t NVML_ERROR_FUNCTION_NOT_FOUND = 13;
+inline constexpr nvmlReturn_t NVML_ERROR_GPU_IS_LOST = 15;
 inline constexpr nvmlReturn_t NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25;
 inline constexpr nvmlReturn_t NVML_ERROR_UNKNOWN = 999;
 
@@ -54,6 +57,49 @@ struct nvmlProcessUtilizationSample_t {
   unsigned int decUtil;
 };
 
+// PCI location (nvmlDeviceGetPciInfo_v3).
+struct nvmlPciInfo_t {
+  char busIdLegacy[16];
+  unsigned int domain;
+  unsigned int bus;
+  unsigned int device;
+  unsigned int pciDeviceId;  // device id << 16 | vendor id
+  unsigned int pciSubSystemId;
+  char busId[32];  // "00000000:17:00.0"
+};
+
+// What nvmlDeviceGetAttributes_v2 reports of a device (or of a MIG device).
+struct nvmlDeviceAttributes_t {
+  unsigned int multiprocessorCount;
+  unsigned int sharedCopyEngineCount;
+  unsigned int sharedDecoderCount;
+  unsigned int sharedEncoderCount;
+  unsigned int sharedJpegCount;
+  unsigned int sharedOfaCount;
+  unsigned int gpuInstanceSliceCount;
+  unsigned int computeInstanceSliceCount;
+  unsigned long long memorySizeMB;
+};
+
+// Events: an event set collects what devices registered for it raise.
+struct nvmlEventSet_st;
+using nvmlEventSet_t = nvmlEventSet_st*;
+struct nvmlEventData_t {
+  nvmlDevice_t device;
+  unsigned long long eventType;
+  unsigned long long eventData;  // the XID, for an XID critical error
+  unsigned int gpuInstanceId;    // 0xFFFFFFFF unless the event is a MIG device's
+  unsigned int computeInstanceId;
+};
+inline constexpr unsigned long long nvmlEventTypeSingleBitEccError = 0x1;
+inline constexpr unsigned long long nvmlEventTypeDoubleBitEccError = 0x2;
+inline constexpr unsigned long long nvmlEventTypePState = 0x4;
+inline constexpr unsigned long long nvmlEventTypeXidCriticalError = 0x8;
+inline constexpr unsigned long long nvmlEventTypeClock = 0x10;
+
+inline constexpr unsigned int NVML_DEVICE_MIG_DISABLE = 0;
+inline constexpr unsigned int NVML_DEVICE_MIG_ENABLE = 1;
+
 inline constexpr int NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96;
 inline constexpr int NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96;
 inline constexpr int NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
@@ -76,9 +122,26 @@ inline constexpr int NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
   X(nvmlDeviceGetName, (nvmlDevice_t device, char* name, unsigned int length)) \
   X(nvmlDeviceGetUUID, (nvmlDevice_t device, char* uuid, unsigned int length))
 
+// What the node agent asks of NVML beyond that: inventory, MIG mode and health events.
+#define TESSERA_NVML_INVENTORY(X)                                                              \
+  X(nvmlSystemGetCudaDriverVersion_v2, (int* cudaDriverVersion))                               \
+  X(nvmlDeviceGetCudaComputeCapability, (nvmlDevice_t device, int* major, int* minor))         \
+  X(nvmlDeviceGetPciInfo_v3, (nvmlDevice_t device, nvmlPciInfo_t * pci))                       \
+  X(nvmlDeviceGetMigMode,                                                                      \
+    (nvmlDevice_t device, unsigned int* currentMode, unsigned int* pendingMode))               \
+  X(nvmlDeviceGetAttributes_v2, (nvmlDevice_t device, nvmlDeviceAttributes_t * attributes))    \
+  X(nvmlDeviceGetNumaNodeId, (nvmlDevice_t device, unsigned int* node))                        \
+  X(nvmlEventSetCreate, (nvmlEventSet_t * set))                                                \
+  X(nvmlDeviceGetSupportedEventTypes, (nvmlDevice_t device, unsigned long long* eventTypes))   \
+  X(nvmlDeviceRegisterEvents,                                                                  \
+    (nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set))                  \
+  X(nvmlEventSetWait_v2, (nvmlEventSet_t set, nvmlEventData_t * data, unsigned int timeoutms)) \
+  X(nvmlEventSetFree, (nvmlEventSet_t set))
+
 #define TESSERA_DECLARE_NVML_PFN(name, params) using PFN_##name = nvmlReturn_t(*) params;
 TESSERA_NVML_HOOKED(TESSERA_DECLARE_NVML_PFN)
 TESSERA_NVML_PASSTHROUGH(TESSERA_DECLARE_NVML_PFN)
+TESSERA_NVML_INVENTORY(TESSERA_DECLARE_NVML_PFN)
 #undef TESSERA_DECLARE_NVML_PFN
 
 extern "C" const char* nvmlErrorString(nvmlReturn_t result);

@@ -3,7 +3,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <initializer_list>
 #include <stdexcept>
 
 #include "kube/json_input.h"
@@ -11,146 +10,62 @@
 
 namespace tessera::extender {
 
+using kube::container_at;
 using kube::dump_outside_json;
+using kube::integer_field;
 using kube::kMostCount;
-using kube::kMostCpuMilli;
-using kube::kMostMemoryMib;
-using kube::parse_count;
+using kube::object_name;
 using kube::parse_cpu_milli;
 using kube::parse_memory_mib;
 using kube::parse_outside_json;
+using kube::text_of;
 
 namespace {
 
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> items;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    item.erase(0, item.find_first_not_of(' '));
-    item.erase(item.find_last_not_of(' ') + 1);
-    if (!item.empty()) items.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+std::string model_of(const nlohmann::json& object) {
+  const auto model = object.find("model");
+  if (model == object.end() || !model->is_string() || model->get<std::string>().empty() ||
+      model->get<std::string>().size() > kMostNameLength) {
+    throw std::runtime_error("model must name the GPU model");
   }
-  return items;
+  return model->get<std::string>();
 }
 
-// An integer member of `object` from lo to hi; throws naming it otherwise.
-std::int64_t integer_field(const nlohmann::json& object, const char* name, std::int64_t lo,
-                           std::int64_t hi) {
-  const auto found = object.find(name);
-  if (found == object.end()) throw std::runtime_error(fmt::format("{} is missing", name));
-  const bool in_range = found->is_number_unsigned()
-                            ? found->get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
-                                  static_cast<std::int64_t>(found->get<std::uint64_t>()) >= lo
-                            : found->is_number_integer() && found->get<std::int64_t>() >= lo &&
-                                  found->get<std::int64_t>() <= hi;
-  if (!in_range) {
-    throw std::runtime_error(fmt::format("{}={} is not an integer from {} to {}", name,
-                                         dump_outside_json(*found), lo, hi));
-  }
-  return found->get<std::int64_t>();
-}
-
-// A Kubernetes object's name: present, and no longer than the API server allows.
-std::string object_name(const nlohmann::json& object, const char* what) {
-  const nlohmann::json* name = nullptr;
-  if (object.is_object() && object.contains("metadata") && object["metadata"].is_object() &&
-      object["metadata"].contains("name")) {
-    name = &object["metadata"]["name"];
-  }
-  if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) {
-    throw std::runtime_error(fmt::format("a {} without metadata.name", what));
-  }
-  if (name->get<std::string>().size() > kMostNameLength) {
-    throw std::runtime_error(
-        fmt::format("a {} whose metadata.name is longer than {} bytes", what, kMostNameLength));
-  }
-  return name->get<std::string>();
-}
-
-// The value at `path` in an object from outside, or nullptr where a step is missing or
-// not an object; never throws.
-const nlohmann::json* find_at(const nlohmann::json& root, std::initializer_list<const char*> path) {
-  const nlohmann::json* here = &root;
-  for (const char* key : path) {
-    if (!here->is_object()) return nullptr;
-    const auto found = here->find(key);
-    if (found == here->end()) return nullptr;
-    here = &*found;
-  }
-  return here;
-}
-
-// The object or array at `path`, an empty one where absent; throws naming `field` of `owner`
-// where something else is there.
-const nlohmann::json& container_at(const nlohmann::json& root,
-                                   std::initializer_list<const char*> path, bool want_array,
-                                   const std::string& owner, const char* field) {
-  static const nlohmann::json kNoObject = nlohmann::json::object();
-  static const nlohmann::json kNoArray = nlohmann::json::array();
-  const nlohmann::json* found = find_at(root, path);
-  if (found == nullptr || found->is_null()) return want_array ? kNoArray : kNoObject;
-  if (want_array ? !found->is_array() : !found->is_object()) {
-    throw std::runtime_error(
-        fmt::format("{}: {} is not {}", owner, field, want_array ? "a list" : "an object"));
-  }
-  return *found;
-}
-
-// The string at `path`, `absent` where there is none; throws where something else is there.
-std::string string_field(const nlohmann::json& root, std::initializer_list<const char*> path,
-                         const std::string& absent, const std::string& owner, const char* field) {
-  const nlohmann::json* found = find_at(root, path);
-  if (found == nullptr || found->is_null()) return absent;
-  if (!found->is_string())
-    throw std::runtime_error(fmt::format("{}: {} is not a string", owner, field));
-  if (found->get_ref<const std::string&>().size() > kMostNameLength) {
-    throw std::runtime_error(
-        fmt::format("{}: {} is longer than {} bytes", owner, field, kMostNameLength));
-  }
-  return found->get<std::string>();
-}
-
-std::string text_of(const nlohmann::json& value) {
-  if (value.is_string()) return value.get<std::string>();
-  if (value.is_number()) return value.dump();
-  return {};
-}
-
-// Sums a resource over the pod's containers, from limits (the GPU resources) or requests.
-// The sum is held to `most` too: a pod of many containers must not overflow it.
-template <typename Parse>
-std::int64_t sum_resource(const nlohmann::json& pod, const std::string& pod_name, const char* kind,
-                          const std::string& resource, Parse parse, std::int64_t most) {
-  std::int64_t total = 0;
-  const nlohmann::json& containers =
-      container_at(pod, {"spec", "containers"}, true, "pod " + pod_name, "spec.containers");
-  for (const auto& container : containers) {
-    const nlohmann::json& section =
-        container_at(container, {"resources"}, false, "pod " + pod_name, "a container's resources");
-    const nlohmann::json* source = nullptr;
-    if (section.contains(kind) && section[kind].contains(resource))
-      source = &section[kind][resource];
-    if (source == nullptr && section.contains("limits") && section["limits"].contains(resource)) {
-      source = &section["limits"][resource];
+// The node agent's format: each GPU with its UUID, model, memory and how it is shared. The
+// engine places on GPUs served whole (whole-GPU pods only) or cut into slices; time-sliced
+// and MPS GPUs are the kubelet's to count, replica by replica, and are left out.
+void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
+  const auto list = annotation.find("gpus");
+  if (!list->is_array() || list->size() > 64) throw std::runtime_error("gpus must be a list");
+  for (const nlohmann::json& gpu : *list) {
+    if (!gpu.is_object()) throw std::runtime_error("gpus holds something other than an object");
+    const auto sharing = gpu.find("sharing");
+    if (sharing == gpu.end() || !sharing->is_string()) {
+      throw std::runtime_error("a GPU without sharing (none, slices, timeslice or mps)");
     }
-    if (source == nullptr) continue;
-    std::int64_t value = 0;
-    if (!parse(text_of(*source), value)) {
-      throw std::runtime_error(fmt::format("pod {}: {}.{}={} is not a quantity (or out of range)",
-                                           pod_name, kind, resource, dump_outside_json(*source)));
+    const std::string& mode = sharing->get_ref<const std::string&>();
+    if (mode == "timeslice" || mode == "mps") continue;
+    if (mode != "none" && mode != "slices") {
+      throw std::runtime_error(fmt::format("sharing '{}' is not none, slices, timeslice or mps",
+                                           mode.substr(0, 40)));
     }
-    total += value;
-    if (total > most) {
-      throw std::runtime_error(
-          fmt::format("pod {}: {}.{} sums to more than {}", pod_name, kind, resource, most));
+    if (info.spec.gpus == kMaxGpusPerNode) {
+      throw std::runtime_error(fmt::format("more than {} GPUs", kMaxGpusPerNode));
     }
+    const std::string model = model_of(gpu);
+    // A node's GPUs are described by the first one's model (the engine holds one a node).
+    if (info.spec.model.empty()) info.spec.model = model;
+    const std::int64_t memory = integer_field(gpu, "memory_mib", 1, kMostCount);
+    info.gpu_memory_mib = info.gpu_memory_mib == 0 ? memory : std::min(info.gpu_memory_mib, memory);
+    const auto uuid = gpu.find("uuid");
+    if (uuid == gpu.end() || !uuid->is_string() || uuid->get_ref<const std::string&>().empty() ||
+        uuid->get_ref<const std::string&>().size() > 96) {
+      throw std::runtime_error("a GPU without a uuid");
+    }
+    info.gpu_uuids.push_back(uuid->get<std::string>());
+    if (mode == "none") info.spec.whole_only_gpus |= static_cast<std::uint16_t>(1u << info.spec.gpus);
+    ++info.spec.gpus;
   }
-  return total;
 }
 
 }  // namespace
@@ -180,61 +95,20 @@ NodeInfo node_from_json(const nlohmann::json& node) {
     if (!text.is_string()) throw std::runtime_error("not a string");
     const nlohmann::json gpus = parse_outside_json(text.get<std::string>());
     if (!gpus.is_object()) throw std::runtime_error("not an object");
-    const nlohmann::json* model = gpus.contains("model") ? &gpus["model"] : nullptr;
-    if (model == nullptr || !model->is_string() || model->get<std::string>().empty() ||
-        model->get<std::string>().size() > kMostNameLength) {
-      throw std::runtime_error("model must name the GPU model");
+    if (gpus.contains("gpus")) {
+      gpus_from_list(gpus, info);
+    } else {  // the first format: every GPU alike
+      info.spec.model = model_of(gpus);
+      info.spec.gpus = static_cast<int>(integer_field(gpus, "count", 0, kMaxGpusPerNode));
+      info.gpu_memory_mib = integer_field(gpus, "memory_mib", 1, kMostCount);
     }
-    info.spec.model = model->get<std::string>();
-    info.spec.gpus = static_cast<int>(integer_field(gpus, "count", 0, kMaxGpusPerNode));
-    info.gpu_memory_mib = integer_field(gpus, "memory_mib", 1, kMostCount);
   } catch (const std::exception& error) {
-    throw std::runtime_error(
-        fmt::format("node {}: annotation {} is not {{\"model\", \"count\", \"memory_mib\"}}: {}",
-                    info.spec.name, kGpusAnnotation, error.what()));
+    throw std::runtime_error(fmt::format(
+        "node {}: annotation {} is neither {{\"gpus\": [...]}} nor {{\"model\", \"count\", "
+        "\"memory_mib\"}}: {}",
+        info.spec.name, kGpusAnnotation, error.what()));
   }
   return info;
-}
-
-PodRequest pod_from_json(const nlohmann::json& pod) {
-  PodRequest request;
-  request.name = object_name(pod, "pod");
-  request.namespace_name = string_field(pod, {"metadata", "namespace"}, "default",
-                                        "pod " + request.name, "metadata.namespace");
-  request.uid = string_field(pod, {"metadata", "uid"}, "", "pod " + request.name, "metadata.uid");
-  const std::string label = request.namespace_name + "/" + request.name;
-  request.cpu_milli = sum_resource(pod, label, "requests", "cpu", parse_cpu_milli, kMostCpuMilli);
-  request.memory_mib =
-      sum_resource(pod, label, "requests", "memory", parse_memory_mib, kMostMemoryMib);
-  request.gpus = static_cast<int>(
-      sum_resource(pod, label, "limits", "nvidia.com/gpu", parse_count, kMostCount));
-  request.gpumem_mib =
-      sum_resource(pod, label, "limits", "nvidia.com/gpumem", parse_count, kMostCount);
-  request.gpumem_percent = static_cast<int>(
-      sum_resource(pod, label, "limits", "nvidia.com/gpumem-percentage", parse_count, kMostCount));
-  request.gpucores = static_cast<int>(
-      sum_resource(pod, label, "limits", "nvidia.com/gpucores", parse_count, kMostCount));
-  if (request.gpumem_percent > 100 || request.gpucores > 100) {
-    throw std::runtime_error(
-        fmt::format("pod {}: nvidia.com/gpumem-percentage and nvidia.com/gpucores "
-                    "are percentages of one GPU (at most 100)",
-                    label));
-  }
-  const nlohmann::json& annotations =
-      container_at(pod, {"metadata", "annotations"}, false, "pod " + label, "metadata.annotations");
-  if (annotations.contains("nvidia.com/use-gputype")) {
-    request.use_types = split_list(text_of(annotations["nvidia.com/use-gputype"]));
-  }
-  if (annotations.contains("nvidia.com/nouse-gputype")) {
-    request.nouse_types = split_list(text_of(annotations["nvidia.com/nouse-gputype"]));
-  }
-  if (annotations.contains(kPolicyAnnotation)) {
-    request.policy = text_of(annotations[kPolicyAnnotation]);
-  } else if (annotations.contains("hami.io/gpu-scheduler-policy")) {
-    const std::string hami = text_of(annotations["hami.io/gpu-scheduler-policy"]);
-    request.policy = hami == "spread" ? "spread" : "best-fit";  // HAMi's binpack
-  }
-  return request;
 }
 
 Request request_on(const Cluster& cluster, const PodRequest& pod, std::int64_t gpu_memory_mib) {
@@ -269,37 +143,6 @@ std::string model_refusal(const PodRequest& pod, const std::string& model) {
     return fmt::format("GPU model {} is in nvidia.com/nouse-gputype", model);
   }
   return {};
-}
-
-RecordedAssignment assignment_from_annotation(const nlohmann::json& text) {
-  if (!text.is_string()) throw std::runtime_error("it is not a string");
-  const nlohmann::json record = parse_outside_json(text.get<std::string>());
-  if (!record.is_object()) throw std::runtime_error("it is not a JSON object");
-  RecordedAssignment assignment;
-  const auto node = record.find("node");
-  if (node == record.end() || !node->is_string() || node->get<std::string>().empty() ||
-      node->get<std::string>().size() > kMostNameLength) {
-    throw std::runtime_error("node must name a node");
-  }
-  assignment.node = node->get<std::string>();
-  const auto gpus = record.find("gpus");
-  if (gpus == record.end() || !gpus->is_array() || gpus->size() > kMaxGpusPerNode) {
-    throw std::runtime_error(
-        fmt::format("gpus must be a list of at most {} GPU indices", kMaxGpusPerNode));
-  }
-  bool taken[kMaxGpusPerNode] = {};
-  for (const nlohmann::json& gpu : *gpus) {
-    if (!gpu.is_number_integer() || gpu.get<std::int64_t>() < 0 ||
-        gpu.get<std::int64_t>() >= kMaxGpusPerNode) {
-      throw std::runtime_error(fmt::format("gpus holds {}, not an index from 0 to {}",
-                                           dump_outside_json(gpu), kMaxGpusPerNode - 1));
-    }
-    const int index = gpu.get<int>();
-    if (taken[index]) throw std::runtime_error(fmt::format("gpus names GPU {} twice", index));
-    taken[index] = true;
-    assignment.gpus.push_back(index);
-  }
-  return assignment;
 }
 
 }  // namespace tessera::extender

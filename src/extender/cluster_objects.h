@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kube/objects.h"
 #include "sched/engine.h"
 
 namespace tessera::extender {
@@ -24,41 +25,24 @@ using sched::NodeSpec;
 using sched::PodSpec;
 using sched::Request;
 
-inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
-inline constexpr const char* kAssignmentAnnotation = "tessera.io/assignment";
-inline constexpr const char* kPolicyAnnotation = "tessera.io/policy";
+using kube::kAssignmentAnnotation;
+using kube::kMostNameLength;
+using kube::kPolicyAnnotation;
+using kube::PodRequest;
+using kube::RecordedAssignment;
+using kube::assignment_from_annotation;
+using kube::pod_from_json;
 
-inline constexpr std::size_t kMostNameLength = 253;  // a DNS subdomain, as Kubernetes allows
+inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
 
 struct NodeInfo {
   NodeSpec spec;
   std::int64_t gpu_memory_mib = 0;  // each GPU's memory
+  std::vector<std::string> gpu_uuids;  // in the engine's numbering; empty if not given
 };
 
 // Throws std::runtime_error naming the node and the field at fault.
 NodeInfo node_from_json(const nlohmann::json& node);
-
-struct PodRequest {
-  std::string uid, name, namespace_name;
-  std::int64_t cpu_milli = 0, memory_mib = 0;
-  int gpus = 0;                                     // nvidia.com/gpu
-  std::int64_t gpumem_mib = 0;                      // nvidia.com/gpumem, per GPU
-  int gpumem_percent = 0;                           // nvidia.com/gpumem-percentage
-  int gpucores = 0;                                 // nvidia.com/gpucores, percent of a GPU
-  std::vector<std::string> use_types, nouse_types;  // nvidia.com/use-gputype, nouse-gputype
-  std::string policy;  // tessera.io/policy or HAMi's gpu-scheduler-policy
-};
-
-// Throws std::runtime_error naming the pod and the field at fault.
-PodRequest pod_from_json(const nlohmann::json& pod);
-
-// A pod's tessera.io/assignment annotation: the node and the GPU indices there.
-struct RecordedAssignment {
-  std::string node;
-  std::vector<int> gpus;  // distinct, each below kMaxGpusPerNode
-};
-// Throws std::runtime_error saying what is wrong with it.
-RecordedAssignment assignment_from_annotation(const nlohmann::json& text);
 
 // The engine's request for `pod` on a node whose GPUs each have `gpu_memory_mib`: a GPU
 // count with neither memory nor cores asks for whole GPUs.

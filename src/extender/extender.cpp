@@ -65,7 +65,8 @@ const char* collection_path(Extender::Resource resource) {
 bool same_node(const NodeInfo& a, const NodeInfo& b) {
   return a.spec.cpu_milli == b.spec.cpu_milli && a.spec.memory_mib == b.spec.memory_mib &&
          a.spec.gpus == b.spec.gpus && a.spec.model == b.spec.model &&
-         a.gpu_memory_mib == b.gpu_memory_mib;
+         a.gpu_memory_mib == b.gpu_memory_mib && a.spec.whole_only_gpus == b.spec.whole_only_gpus &&
+         a.gpu_uuids == b.gpu_uuids;
 }
 
 }  // namespace
@@ -473,6 +474,7 @@ HttpReply Extender::bind(const std::string& body) {
   }
 
   std::vector<int> gpus;
+  std::vector<std::string> node_uuids;
   int gpu_milli = 0;
   {
     std::unique_lock<std::shared_mutex> writing(mutex_);
@@ -493,6 +495,7 @@ HttpReply Extender::bind(const std::string& body) {
     hold.gpus = gpus;
     hold.request = request;
     gpu_milli = request.gpu_milli;
+    node_uuids = nodes_.at(node_name).gpu_uuids;
     // Held now, so that concurrent binds cannot take the same room.
     cluster_->allocate(request, hold.placement);
     hold.applied = true;
@@ -508,8 +511,13 @@ HttpReply Extender::bind(const std::string& body) {
     }
   };
 
-  const nlohmann::json record{{"node", node_name}, {"gpus", gpus}, {"milli", gpu_milli}};
-  nlohmann::json patch{{"metadata", {{"annotations", {{kAssignmentAnnotation, record.dump()}}}}}};
+  RecordedAssignment record{node_name, gpus, {}, gpu_milli};
+  for (const int gpu : gpus) {
+    if (static_cast<std::size_t>(gpu) < node_uuids.size()) record.uuids.push_back(node_uuids[gpu]);
+  }
+  if (record.uuids.size() != gpus.size()) record.uuids.clear();
+  nlohmann::json patch{
+      {"metadata", {{"annotations", {{kAssignmentAnnotation, kube::assignment_annotation(record)}}}}}};
   // A merge patch that names the version is refused (409) if the pod changed since.
   if (!version.empty()) patch["metadata"]["resourceVersion"] = version;
   const ApiResponse recorded = api_->patch(pod_path, dump_outside_json(patch), deadline);

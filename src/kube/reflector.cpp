@@ -119,9 +119,10 @@ void follow_collection(const ApiClient& api, const std::string& path,
       }
       WatchEnd end = WatchEnd::not_yet;
       while (!stop && end == WatchEnd::not_yet) {
-        const std::string watch_path =
-            fmt::format("{}?watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}",
-                        path, version);
+        // `path` may carry a query of its own (a field selector).
+        const std::string watch_path = fmt::format(
+            "{}{}watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}", path,
+            path.find('?') == std::string::npos ? '?' : '&', version);
         const auto started = Clock::now();
         int applied = 0;
         const ApiResponse answer = api.watch(

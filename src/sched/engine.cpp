@@ -106,6 +106,7 @@ Cluster::Cluster(const std::vector<NodeSpec>& specs) {
       node.model = it->second;
     }
     for (int i = 0; i < node.gpus; ++i) node.gpu_left[i] = kMilli;
+    node.whole_only = spec.whole_only_gpus;
     gpu_milli_total_ += std::int64_t{spec.gpus} * kMilli;
     nodes_.push_back(node);
   }
@@ -132,7 +133,7 @@ bool Cluster::fits(const Node& node, const Request& request) const {
   if (request.gpus == 0) return true;
   if (node.gpus == 0 || !model_allowed(node, request.models)) return false;
   int usable = 0;
-  for (int i = 0; i < node.gpus; ++i) usable += node.gpu_left[i] >= request.gpu_milli;
+  for (int i = 0; i < node.gpus; ++i) usable += node.takes(i, request.gpu_milli);
   return usable >= request.gpus;
 }
 
@@ -179,9 +180,10 @@ void Cluster::set_target_workload(const std::vector<PodSpec>& pods, double cover
 double Cluster::fragmentation(const Node& node) const {
   const std::int64_t left = node.gpu_milli_left();
   if (left == 0) return 0;
-  // Memoised by what it depends on: model, CPU left and the GPUs' free milli as a multiset.
-  std::int16_t sorted[kMaxGpusPerNode];
-  std::copy(node.gpu_left, node.gpu_left + node.gpus, sorted);
+  // Memoised by what it depends on: model, CPU left and the GPUs' free milli (and whether
+  // each may be shared) as a multiset.
+  std::int32_t sorted[kMaxGpusPerNode];
+  for (int i = 0; i < node.gpus; ++i) sorted[i] = node.gpu_left[i] * 2 + ((node.whole_only >> i) & 1);
   std::sort(sorted, sorted + node.gpus);
   std::uint64_t key = 0xcbf29ce484222325ull;
   auto mix = [&key](std::uint64_t value) { key = (key ^ value) * 0x100000001b3ull; };
@@ -203,7 +205,7 @@ double Cluster::fragmentation(const Node& node) const {
       int usable = 0;
       std::int64_t too_small = 0;
       for (int i = 0; i < node.gpus; ++i) {
-        if (node.gpu_left[i] >= request.gpu_milli) {
+        if (node.takes(i, request.gpu_milli)) {
           ++usable;
         } else {
           too_small += node.gpu_left[i];
@@ -241,7 +243,7 @@ Cluster::Score Cluster::fgd_score(const Node& node, const Request& request) cons
   changed.cpu_left -= request.cpu_milli;
   if (request.shares_gpu()) {
     for (int i = 0; i < node.gpus; ++i) {
-      if (node.gpu_left[i] < request.gpu_milli) continue;
+      if (!node.takes(i, request.gpu_milli)) continue;
       changed.gpu_left[i] = static_cast<std::int16_t>(node.gpu_left[i] - request.gpu_milli);
       const double value = rate(fragmentation(changed));
       changed.gpu_left[i] = node.gpu_left[i];
@@ -304,7 +306,7 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
       std::int64_t free_ratio = 0;
       for (int k = 0; k < node.gpus && needed > 0; ++k) {
         const int i = order[k];
-        if (node.gpu_left[i] < request.gpu_milli) continue;
+        if (!node.takes(i, request.gpu_milli)) continue;
         --needed;
         fresh += node.gpu_left[i] == kMilli;
         free_ratio += node.gpu_left[i] * 100 / kMilli;
@@ -372,7 +374,7 @@ void Cluster::choose_gpus(const Node& node, const Request& request, int shared_g
     int chosen = shared_gpu;
     if (chosen < 0) {  // the tightest GPU that fits
       for (int i = 0; i < node.gpus; ++i) {
-        if (node.gpu_left[i] >= request.gpu_milli &&
+        if (node.takes(i, request.gpu_milli) &&
             (chosen < 0 || node.gpu_left[i] < node.gpu_left[chosen])) {
           chosen = i;
         }
@@ -427,7 +429,7 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
   int shared_gpu = best.gpu;
   if (policy == Policy::random && request.shares_gpu()) {  // any GPU that fits, as the paper ran it
     for (int i = 0, fitting = 0; i < chosen.gpus; ++i) {
-      if (chosen.gpu_left[i] >= request.gpu_milli &&
+      if (chosen.takes(i, request.gpu_milli) &&
           std::uniform_int_distribution<int>(0, fitting++)(random) == 0) {
         shared_gpu = i;
       }

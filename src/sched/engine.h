@@ -47,10 +47,15 @@ struct Node {
   int gpus = 0;
   int model = -1;  // index into the cluster's models; -1 for a CPU-only node
   std::int16_t gpu_left[kMaxGpusPerNode] = {};
+  std::uint16_t whole_only = 0;  // GPUs that take only whole-GPU requests (NodeSpec)
   int running_by_kind[8] = {};
   std::uint32_t version = 0;  // changes whenever the node's allocations do
   std::int64_t gpu_milli_left() const;
   int fully_free_gpus() const;
+  // Whether GPU i can take `milli` of a request now: room, and sharing allowed for a part.
+  bool takes(int i, int milli) const {
+    return gpu_left[i] >= milli && (milli >= kMilli || ((whole_only >> i) & 1u) == 0);
+  }
 };
 
 struct Placement {

@@ -18,6 +18,9 @@ struct NodeSpec {
   std::int64_t memory_mib = 0;
   int gpus = 0;
   std::string model;  // empty for a CPU-only node
+  // GPUs that take only whole-GPU pods (a bit each): served whole by the node agent, where a
+  // fractional pod's limits could not be enforced.
+  std::uint16_t whole_only_gpus = 0;
 };
 
 struct PodSpec {

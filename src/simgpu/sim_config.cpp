@@ -75,6 +75,7 @@ bool parse_device(std::string_view entry, const char* origin, int index, DeviceS
   device.cc_major = preset->cc_major;
   device.cc_minor = preset->cc_minor;
   device.context_bytes = preset->context_bytes;
+  device.numa_node = -1;
   std::snprintf(device.uuid, sizeof device.uuid, "GPU-7e55e7a0-0000-4000-8000-%012x", index);
   std::snprintf(device.pci_bus_id, sizeof device.pci_bus_id, "00000000:%02X:00.0", 0x10 + index);
   while (comma != std::string_view::npos) {
@@ -101,6 +102,12 @@ bool parse_device(std::string_view entry, const char* origin, int index, DeviceS
                          static_cast<int>(value.size()), value.data());
       }
       device.sm_count = static_cast<int>(number);
+    } else if (key == "numa") {
+      if (!parse_size(value, number) || number > 1023) {
+        return error.set("%s: device %d: numa='%.*s' is not a NUMA node number (0 to 1023)",
+                         origin, index, static_cast<int>(value.size()), value.data());
+      }
+      device.numa_node = static_cast<int>(number);
     } else if (key == "name") {
       copy_text(device.name, sizeof device.name, value);
     } else if (key == "uuid") {
@@ -111,8 +118,8 @@ bool parse_device(std::string_view entry, const char* origin, int index, DeviceS
       copy_text(device.uuid, sizeof device.uuid, value);
     } else {
       return error.set(
-          "%s: device %d: unknown field '%.*s' (known: memory, sms, context, name, "
-          "uuid)",
+          "%s: device %d: unknown field '%.*s' (known: memory, sms, context, numa, "
+          "name, uuid)",
           origin, index, static_cast<int>(key.size()), key.data());
     }
   }

@@ -23,6 +23,7 @@ struct DeviceSpec {
   int sm_count;
   int cc_major;
   int cc_minor;
+  int numa_node;  // -1: not reported
 };
 
 struct MachineSpec {

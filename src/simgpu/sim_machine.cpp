@@ -1,7 +1,11 @@
 #include "simgpu/sim_machine.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <climits>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +17,7 @@ namespace tessera::sim {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'S', 'I', 'M', 'G'};
-constexpr std::uint32_t kVersion = 3;  // 2: time-sliced schedules; 3: slot bound
+constexpr std::uint32_t kVersion = 4;  // 2: time-sliced schedules; 3: slot bound; 4: events
 // A waiter looks again no sooner than this: its work may end any moment, but not every
 // microsecond is worth the schedule's lock.
 constexpr std::uint64_t kShortestWaitNs = 20'000;
@@ -31,6 +35,13 @@ void initialize_file(void* base, const void* context) {
   // file, for as long as a block allocation takes).
   std::memset(static_cast<void*>(file->completions), 0, sizeof file->completions);
   std::memset(static_cast<void*>(file->timeline), 0, sizeof file->timeline);
+  std::memset(static_cast<void*>(file->events), 0, sizeof file->events);
+  initialize_robust_mutex(&file->events_lock);
+}
+
+// The futex word in the low half of the events counter (x86-64 is little-endian).
+std::uint32_t* event_word(std::atomic<std::uint64_t>& counter) {
+  return reinterpret_cast<std::uint32_t*>(&counter);
 }
 
 std::uint64_t hash_bytes(const void* data, std::size_t size) {
@@ -341,6 +352,44 @@ int Machine::pieces(int device, std::int32_t pid, std::uint64_t from_ns, std::ui
 Machine& machine() {
   static Machine instance;  // constant-initialised: no guard, no destructor ordering issue
   return instance;
+}
+
+void Machine::raise_event(int device, std::uint64_t type, std::uint64_t data) {
+  lock_robust(&file_->events_lock);  // raisers are rare; readers never take it
+  const std::uint64_t index = file_->events_raised.load(std::memory_order_relaxed);
+  DeviceEvent& entry = file_->events[index % kDeviceEvents];
+  entry.sequence.store(0, std::memory_order_release);
+  entry.device = device;
+  entry.type = type;
+  entry.data = data;
+  entry.sequence.store(index + 1, std::memory_order_release);
+  file_->events_raised.store(index + 1, std::memory_order_release);
+  unlock_robust(&file_->events_lock);
+  // Shared, not private: waiters in other processes sleep on the same word.
+  syscall(SYS_futex, event_word(file_->events_raised), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+bool Machine::event(std::uint64_t n, DeviceEvent& out) const {
+  const DeviceEvent& entry = file_->events[n % kDeviceEvents];
+  if (entry.sequence.load(std::memory_order_acquire) != n + 1) return false;
+  out.device = entry.device;
+  out.type = entry.type;
+  out.data = entry.data;
+  return entry.sequence.load(std::memory_order_acquire) == n + 1;  // not rewritten meanwhile
+}
+
+void Machine::wait_for_event(std::uint64_t seen, unsigned timeout_ms) const {
+  const std::uint64_t deadline = monotonic_ns() + std::uint64_t{timeout_ms} * 1'000'000;
+  for (;;) {
+    const std::uint64_t raised = file_->events_raised.load(std::memory_order_acquire);
+    const std::uint64_t now = monotonic_ns();
+    if (raised > seen || now >= deadline) return;
+    const std::uint64_t left = deadline - now;
+    timespec wait{static_cast<time_t>(left / 1'000'000'000), static_cast<long>(left % 1'000'000'000)};
+    // Sleeps only while the word still holds what was read: a raise in between wakes it.
+    syscall(SYS_futex, event_word(file_->events_raised), FUTEX_WAIT,
+            static_cast<std::uint32_t>(raised), &wait, nullptr, 0);
+  }
 }
 
 }  // namespace tessera::sim

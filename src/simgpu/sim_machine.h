@@ -66,6 +66,17 @@ struct Completion {
 };
 inline constexpr std::uint64_t kCompletions = 1u << 16;
 
+// An event a device raised (an XID critical error, an ECC error), as NVML's event sets
+// report them. Raised from outside any CUDA process (tessera simgpu event), for tests and
+// users to see what the node agent does with a failing GPU.
+struct DeviceEvent {
+  std::atomic<std::uint64_t> sequence;  // index + 1 once written: readers skip torn entries
+  std::int32_t device;
+  std::uint64_t type;  // nvmlEventType*
+  std::uint64_t data;  // the XID
+};
+inline constexpr std::uint64_t kDeviceEvents = 1024;
+
 struct MachineFile {
   char magic[8];
   std::uint32_t version;
@@ -77,6 +88,10 @@ struct MachineFile {
   Completion completions[kCompletions];
   std::atomic<std::uint64_t> timeline_head;  // entries written so far
   TimelineEntry timeline[kTimelineEntries];  // a ring
+  // Events raised so far; the low 32 bits are also a futex word that waiters sleep on.
+  std::atomic<std::uint64_t> events_raised;
+  pthread_mutex_t events_lock;  // one raiser at a time
+  DeviceEvent events[kDeviceEvents];  // a ring
 };
 
 // One piece of work in the device's record.
@@ -128,6 +143,15 @@ class Machine {
   // `capacity` are stored), or -1 if the record no longer reaches back to the window.
   int pieces(int device, std::int32_t pid, std::uint64_t from_ns, std::uint64_t to_ns,
              WorkPiece* out, int capacity);
+  // Raises an event on device, waking every process waiting for events.
+  void raise_event(int device, std::uint64_t type, std::uint64_t data);
+  std::uint64_t events_raised() const {
+    return file_->events_raised.load(std::memory_order_acquire);
+  }
+  // The n-th event raised (from 0); false if the ring no longer holds it.
+  bool event(std::uint64_t n, DeviceEvent& out) const;
+  // Sleeps until more than `seen` events have been raised or timeout_ms has passed.
+  void wait_for_event(std::uint64_t seen, unsigned timeout_ms) const;
   // The process is exiting: like the driver, free all it held on every device now.
   void release_process() { accounts_.leave(); }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/clock.h"
@@ -16,6 +17,10 @@ using namespace tessera::abi;
 using tessera::sim::machine;
 
 namespace {
+
+// What a current driver reports (tesseraSimulatedGpu tells it is simulated).
+constexpr const char* kDriverVersion = "580.65.06";
+constexpr int kCudaDriverVersion = 13000;
 
 // Device handles point into this array; the index is the machine device.
 char device_handles[tessera::kMaxDevices];
@@ -85,6 +90,10 @@ SIM_EXPORT const char* nvmlErrorString(nvmlReturn_t result) {
       return "Driver Not Loaded";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
       return "Argument Version Mismatch";
+    case NVML_ERROR_TIMEOUT:
+      return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST:
+      return "GPU is lost";
     default:
       return "Unknown Error";
   }
@@ -92,7 +101,14 @@ SIM_EXPORT const char* nvmlErrorString(nvmlReturn_t result) {
 
 SIM_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned int length) {
   if (!initialized) return NVML_ERROR_UNINITIALIZED;
-  return copy_string(version, length, "580.00 (Tessera simulated)");
+  return copy_string(version, length, kDriverVersion);
+}
+
+SIM_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* version) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  if (version == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *version = kCudaDriverVersion;
+  return NVML_SUCCESS;
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* count) {
@@ -268,5 +284,160 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
   *count = ran;
   if (samples == nullptr || capacity < ran) return NVML_ERROR_INSUFFICIENT_SIZE;
   for (unsigned i = 0; i < ran; ++i) samples[i] = found[i];
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major,
+                                                           int* minor) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (major == nullptr || minor == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *major = machine().spec().devices[index].cc_major;
+  *minor = machine().spec().devices[index].cc_minor;
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t* pci) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (pci == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  std::memset(pci, 0, sizeof *pci);
+  const char* bus_id = machine().spec().devices[index].pci_bus_id;  // "00000000:BB:00.0"
+  unsigned domain = 0, bus = 0, slot = 0, function = 0;
+  std::sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &slot, &function);
+  pci->domain = domain;
+  pci->bus = bus;
+  pci->device = slot;
+  pci->pciDeviceId = 0x233010DE;  // an H100's device id, NVIDIA's vendor id
+  std::snprintf(pci->busId, sizeof pci->busId, "%s", bus_id);
+  std::snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", domain, bus, slot,
+                function);
+  return NVML_SUCCESS;
+}
+
+// MIG is an Ampere-and-later datacentre feature: the presets of compute capability 8.0 and
+// 9.0 have it (disabled until asked for), the older ones do not.
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int* current,
+                                             unsigned int* pending) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (current == nullptr || pending == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  const int major = machine().spec().devices[index].cc_major;
+  if (major < 8) return NVML_ERROR_NOT_SUPPORTED;
+  *current = NVML_DEVICE_MIG_DISABLE;
+  *pending = NVML_DEVICE_MIG_DISABLE;
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
+                                                   nvmlDeviceAttributes_t* attributes) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (attributes == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  std::memset(attributes, 0, sizeof *attributes);
+  const tessera::sim::DeviceSpec& spec = machine().spec().devices[index];
+  attributes->multiprocessorCount = static_cast<unsigned>(spec.sm_count);
+  attributes->memorySizeMB = spec.memory_bytes >> 20;
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int* node) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (node == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  const int numa = machine().spec().devices[index].numa_node;
+  if (numa < 0) return NVML_ERROR_NOT_SUPPORTED;
+  *node = static_cast<unsigned>(numa);
+  return NVML_SUCCESS;
+}
+
+// --- events ------------------------------------------------------------------------------
+
+namespace {
+
+constexpr unsigned long long kSupportedEvents =
+    nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeXidCriticalError;
+
+}  // namespace
+
+// An event set: which events of which device it collects, and how far it has read the
+// machine's record of raised events (it sees those raised after it was made).
+struct tessera::abi::nvmlEventSet_st {
+  unsigned long long wanted[tessera::kMaxDevices];
+  std::uint64_t next;
+};
+
+SIM_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t* set) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  if (set == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  // calloc, not new: the simulated driver, a guest in other processes, links no C++ runtime.
+  auto* made = static_cast<nvmlEventSet_st*>(std::calloc(1, sizeof(nvmlEventSet_st)));
+  if (made == nullptr) return NVML_ERROR_UNKNOWN;
+  made->next = machine().events_raised();
+  *set = made;
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+  if (set == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  std::free(set);
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                         unsigned long long* types) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (types == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  *types = kSupportedEvents;
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
+                                                 nvmlEventSet_t set) {
+  int index = 0;
+  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+  if (set == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if ((types & ~kSupportedEvents) != 0) return NVML_ERROR_NOT_SUPPORTED;
+  set->wanted[index] |= types;
+  return NVML_SUCCESS;
+}
+
+SIM_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data,
+                                            unsigned int timeout_ms) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  if (set == nullptr || data == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  const std::uint64_t deadline = tessera::monotonic_ns() + std::uint64_t{timeout_ms} * 1'000'000;
+  for (;;) {
+    const std::uint64_t raised = machine().events_raised();
+    // A set that fell more than the ring behind has lost the oldest: it skips them.
+    if (raised - set->next > tessera::sim::kDeviceEvents) {
+      set->next = raised - tessera::sim::kDeviceEvents;
+    }
+    while (set->next < raised) {
+      tessera::sim::DeviceEvent event{};
+      const bool readable = machine().event(set->next++, event);
+      if (!readable || event.device < 0 || event.device >= machine().spec().device_count) continue;
+      if ((set->wanted[event.device] & event.type) == 0) continue;
+      *data = nvmlEventData_t{handle_of(event.device), event.type, event.data, 0xFFFFFFFFu,
+                              0xFFFFFFFFu};
+      return NVML_SUCCESS;
+    }
+    const std::uint64_t now = tessera::monotonic_ns();
+    if (now >= deadline) return NVML_ERROR_TIMEOUT;
+    machine().wait_for_event(raised, static_cast<unsigned>((deadline - now + 999'999) / 1'000'000));
+  }
+}
+
+// Raises an event on a device, as a failing GPU would: `tessera simgpu event` calls it. Every
+// process waiting on an event set that collects it wakes.
+SIM_EXPORT nvmlReturn_t tesseraSimRaiseEvent(unsigned int index, unsigned long long type,
+                                             unsigned long long data) {
+  if (!initialized) return NVML_ERROR_UNINITIALIZED;
+  if (index >= static_cast<unsigned>(machine().spec().device_count)) {
+    return NVML_ERROR_INVALID_ARGUMENT;
+  }
+  if ((type & kSupportedEvents) == 0 || (type & (type - 1)) != 0) return NVML_ERROR_NOT_SUPPORTED;
+  machine().raise_event(static_cast<int>(index), type, data);
   return NVML_SUCCESS;
 }

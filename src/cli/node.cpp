@@ -1,0 +1,175 @@
+// tessera node: the node agent (src/node), with its metrics over HTTP; and tessera simgpu
+// event, which raises a device event on the simulated GPU as a failing GPU would.
+#include <dlfcn.h>
+#include <fmt/core.h>
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/environment.h"
+#include "cuda_abi/nvml_abi.h"
+#include "kube/api_client.h"
+#include "node/agent.h"
+
+namespace tessera::cli {
+namespace {
+
+std::mutex log_mutex;
+
+// One line per message, whole: the agent's threads write concurrently. Never throws.
+void log_line(const std::string& text) {
+  const std::string line = "tessera node: " + text + "\n";
+  std::lock_guard<std::mutex> locked(log_mutex);
+  std::fputs(line.c_str(), stderr);
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
+}  // namespace
+
+int node_command(const NodeOptions& options) {
+  node::NodeAgentOptions agent;
+  agent.node_name = options.node_name;
+  if (agent.node_name.empty()) {
+    const char* from_pod = std::getenv("NODE_NAME");
+    agent.node_name = from_pod != nullptr && *from_pod != '\0' ? from_pod : host_name();
+  }
+  if (options.recovery_seconds < 0 || options.recovery_seconds > 86400) {
+    throw UsageError(fmt::format("--recovery-period {} must be from 0 (never) to 86400 seconds",
+                                 options.recovery_seconds));
+  }
+  agent.recovery_quiet = std::chrono::milliseconds(static_cast<long long>(options.recovery_seconds * 1000));
+  if (options.replica_policy == "distributed") {
+    agent.replica_policy = node::ReplicaPolicy::distributed;
+  } else if (options.replica_policy == "packed") {
+    agent.replica_policy = node::ReplicaPolicy::packed;
+  } else {
+    throw UsageError(fmt::format("--replica-policy '{}' must be distributed or packed",
+                                 options.replica_policy));
+  }
+  if (!options.config_file.empty() && !options.config_dir.empty()) {
+    throw UsageError("--config-file and --config-dir are two ways to give the configs: use one");
+  }
+  std::string metrics_host;
+  int metrics_port = -1;
+  if (!options.metrics_listen.empty()) {
+    split_listen_address(options.metrics_listen, "--metrics-listen", metrics_host, metrics_port);
+  }
+  agent.device_plugin_dir = options.device_plugin_dir;
+  agent.config_file = options.config_file;
+  agent.config_dir = options.config_dir;
+  agent.config_name = options.config;
+  agent.features_dir = options.features_dir;
+  agent.state_dir = options.state_dir;
+  agent.report = log_line;
+
+  const Installation installation = locate_installation();
+  agent.hook_library = installation.hook_library;
+  if (use_simulated_gpu(installation)) {
+    log_line("no NVIDIA driver found; using the simulated GPU");
+    agent.nvml_library = installation.simulator_dir + "/libnvidia-ml.so.1";
+  }
+  if (!options.api_server.empty() || kube::in_cluster()) {
+    kube::ApiClientOptions api;
+    std::string problem;
+    if (!kube::client_options({.server = options.api_server,
+                               .token_file = options.token_file,
+                               .ca_file = options.ca_file,
+                               .timeout_ms = 5000},
+                              api, problem)) {
+      throw std::runtime_error(problem);
+    }
+    agent.api = std::make_unique<kube::ApiClient>(api);
+  }
+
+  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals;  // taken by one thread; blocked before any thread starts
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  node::NodeAgent node_agent(std::move(agent));
+  node_agent.start();
+
+  httplib::Server metrics;
+  std::thread serving;
+  if (metrics_port >= 0) {
+    metrics.new_task_queue = [] { return new httplib::ThreadPool(4); };
+    metrics.set_read_timeout(5, 0);
+    metrics.set_write_timeout(5, 0);
+    metrics.Get("/metrics", [&node_agent](const httplib::Request&, httplib::Response& response) {
+      response.set_content(node_agent.metrics(), "text/plain; version=0.0.4");
+    });
+    metrics.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
+      response.set_content("ok", "text/plain");
+    });
+    const int bound = metrics_port == 0 ? metrics.bind_to_any_port(metrics_host)
+                                        : (metrics.bind_to_port(metrics_host, metrics_port) ? metrics_port : -1);
+    if (bound < 0) throw std::runtime_error(fmt::format("cannot listen on {}", options.metrics_listen));
+    log_line(fmt::format("metrics on http://{}:{}/metrics", metrics_host, bound));
+    serving = std::thread([&metrics] { metrics.listen_after_bind(); });
+  }
+  std::fputs("tessera node: serving\n", stdout);
+  std::fflush(stdout);
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  log_line(fmt::format("stopping ({})", strsignal(signal)));
+  if (serving.joinable()) {
+    metrics.stop();
+    serving.join();
+  }
+  node_agent.stop();
+  return 0;
+}
+
+int simgpu_event_command(const SimGpuEventOptions& options) {
+  using namespace tessera::abi;
+  if (options.xid.has_value() == !options.ecc.empty()) {
+    throw UsageError("say which event: --xid N, or --ecc single|double");
+  }
+  if (!options.ecc.empty() && options.ecc != "single" && options.ecc != "double") {
+    throw UsageError(fmt::format("--ecc '{}' must be single or double", options.ecc));
+  }
+  const Installation installation = locate_installation();
+  if (installation.simulator_dir.empty()) throw std::runtime_error("the simulated GPU is not installed");
+  const std::string library = installation.simulator_dir + "/libnvidia-ml.so.1";
+  void* nvml = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (nvml == nullptr) throw std::runtime_error(fmt::format("cannot load {}: {}", library, dlerror()));
+  auto init = reinterpret_cast<PFN_nvmlInit_v2>(dlsym(nvml, "nvmlInit_v2"));
+  auto count = reinterpret_cast<PFN_nvmlDeviceGetCount_v2>(dlsym(nvml, "nvmlDeviceGetCount_v2"));
+  using RaiseEvent = nvmlReturn_t (*)(unsigned, unsigned long long, unsigned long long);
+  auto raise = reinterpret_cast<RaiseEvent>(dlsym(nvml, "tesseraSimRaiseEvent"));
+  if (init == nullptr || count == nullptr || raise == nullptr) {
+    throw std::runtime_error(fmt::format("{} is not Tessera's simulated NVML", library));
+  }
+  if (init() != NVML_SUCCESS) throw std::runtime_error("the simulated GPU cannot be attached (see above)");
+  unsigned devices = 0;
+  count(&devices);
+  if (options.device < 0 || static_cast<unsigned>(options.device) >= devices) {
+    throw UsageError(fmt::format("--device {}: the simulated machine has {} GPU(s)", options.device, devices));
+  }
+  const unsigned long long type = options.xid ? nvmlEventTypeXidCriticalError
+                                  : options.ecc == "double" ? nvmlEventTypeDoubleBitEccError
+                                                            : nvmlEventTypeSingleBitEccError;
+  if (raise(static_cast<unsigned>(options.device), type, options.xid.value_or(0)) != NVML_SUCCESS) {
+    throw std::runtime_error("the simulated GPU refused the event");
+  }
+  fmt::print("raised {} on simulated GPU {}\n",
+             options.xid ? fmt::format("XID {}", *options.xid) : options.ecc + "-bit ECC error",
+             options.device);
+  return 0;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,585 @@
+#include "node/agent.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "kube/json_input.h"
+#include "kube/objects.h"
+#include "kube/reflector.h"
+
+namespace tessera::node {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kConfigPoll = std::chrono::seconds(2);     // a missed file event is caught by then
+constexpr auto kRegistrationRetry = std::chrono::seconds(1);
+constexpr auto kCollectEvery = std::chrono::seconds(60);  // ledgers of pods gone
+constexpr auto kPublishRetry = std::chrono::seconds(5);
+constexpr const char* kConfigAnnotation = "tessera.io/config";
+constexpr const char* kConfigErrorAnnotation = "tessera.io/config-error";
+
+// Watches a directory for `mask`; -1 if inotify is unavailable (the caller polls instead).
+int watch_directory(const std::string& directory, std::uint32_t mask) {
+  const int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (fd < 0) return -1;
+  if (inotify_add_watch(fd, directory.c_str(), mask) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Waits up to `timeout` for events on fd and returns the names they concern.
+std::vector<std::string> wait_for_events(int fd, std::chrono::milliseconds timeout) {
+  std::vector<std::string> names;
+  if (fd < 0) {
+    std::this_thread::sleep_for(timeout);
+    return names;
+  }
+  pollfd ready{fd, POLLIN, 0};
+  if (poll(&ready, 1, static_cast<int>(timeout.count())) <= 0) return names;
+  alignas(inotify_event) char buffer[16384];
+  for (;;) {
+    const ssize_t length = read(fd, buffer, sizeof buffer);
+    if (length <= 0) break;
+    for (ssize_t at = 0; at < length;) {
+      const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+      names.emplace_back(event->len > 0 ? event->name : "");
+      at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+    }
+  }
+  return names;
+}
+
+// Writes `source` to `target` through a new file renamed into place: a library in use by
+// running containers keeps its old inode.
+void install_file(const std::string& source, const std::string& target) {
+  std::error_code error;
+  if (fs::exists(target, error) && fs::equivalent(source, target, error)) return;
+  const std::string temporary = target + ".new";
+  fs::copy_file(source, temporary, fs::copy_options::overwrite_existing, error);
+  if (error) throw std::runtime_error(fmt::format("cannot copy {} to {}: {}", source, temporary, error.message()));
+  fs::permissions(temporary, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                 fs::perms::others_read | fs::perms::others_exec, error);
+  fs::rename(temporary, target, error);
+  if (error) throw std::runtime_error(fmt::format("cannot install {}: {}", target, error.message()));
+}
+
+// What the config source holds, to tell an edit from a spurious file event.
+std::string fingerprint(const std::string& directory, const std::string& file) {
+  std::string text;
+  auto add = [&text](const fs::path& path) {
+    std::ifstream input(path, std::ios::binary);
+    std::ostringstream content;
+    content << input.rdbuf();
+    text += path.filename().string() + "\n" + content.str().substr(0, kMostConfigBytes + 1) + "\n";
+  };
+  std::error_code error;
+  if (!file.empty()) add(file);
+  if (!directory.empty()) {
+    std::vector<fs::path> paths;
+    for (const auto& entry : fs::directory_iterator(directory, error)) {
+      if (entry.path().filename().string().rfind('.', 0) != 0) paths.push_back(entry.path());
+    }
+    std::sort(paths.begin(), paths.end());
+    for (const fs::path& path : paths) add(path);
+  }
+  return text;
+}
+
+std::string node_label_of(const nlohmann::json& node) {
+  return kube::string_at(node, nlohmann::json::json_pointer("/metadata/labels/nvidia.com~1device-plugin.config"));
+}
+
+}  // namespace
+
+NodeAgent::NodeAgent(NodeAgentOptions options)
+    : options_(std::move(options)), metrics_renderer_(options_.state_dir + "/containers") {
+  if (!options_.report) options_.report = [](const std::string&) {};
+}
+
+NodeAgent::~NodeAgent() {
+  stop();
+}
+
+void NodeAgent::say(const std::string& text) const {
+  try {
+    options_.report(text);
+  } catch (...) {
+  }
+}
+
+std::shared_ptr<const NodeAgent::Served> NodeAgent::served() const {
+  std::lock_guard<std::mutex> locked(state_mutex_);
+  return served_;
+}
+
+std::uint64_t NodeAgent::config_generation() const {
+  std::lock_guard<std::mutex> locked(state_mutex_);
+  return generation_;
+}
+
+std::string NodeAgent::config_error() const {
+  std::lock_guard<std::mutex> locked(state_mutex_);
+  return config_error_;
+}
+
+ConfigSet NodeAgent::read_configs() const {
+  if (!options_.config_dir.empty()) return read_config_directory(options_.config_dir);
+  if (!options_.config_file.empty()) {
+    return read_config_file(options_.config_file,
+                            options_.config_name.empty() ? "default" : options_.config_name);
+  }
+  ConfigSet set;
+  set.configs["default"] = default_plugin_config();
+  return set;
+}
+
+void NodeAgent::start() {
+  nvml_ = std::make_unique<Nvml>(options_.nvml_library);
+  inventory_ = read_inventory(*nvml_);
+  health_.resize(static_cast<int>(inventory_.gpus.size()));
+  say(fmt::format("{} GPU(s){}, driver {}, CUDA {}.{}", inventory_.gpus.size(),
+                  inventory_.simulated ? " (simulated)" : "", inventory_.driver_version,
+                  inventory_.cuda_major, inventory_.cuda_minor));
+
+  std::error_code error;
+  fs::create_directories(options_.device_plugin_dir, error);
+  fs::create_directories(options_.state_dir + "/lib", error);
+  SliceFiles files{options_.state_dir + "/lib/libtessera-cuda.so",
+                   options_.state_dir + "/lib/ld.so.preload", options_.state_dir + "/containers"};
+  if (!options_.hook_library.empty()) install_file(options_.hook_library, files.hook_library);
+  slices_ = std::make_unique<SliceAllocator>(options_.api.get(), options_.node_name, files,
+                                             [this](const std::string& text) { say(text); });
+  slices_->prepare();
+
+  if (options_.api != nullptr) {
+    const kube::ApiResponse node = options_.api->get("/api/v1/nodes/" + options_.node_name);
+    if (node.status == 200) {
+      try {
+        node_label_ = node_label_of(kube::parse_outside_json(node.body));
+      } catch (const std::exception& failure) {
+        say(fmt::format("node {} cannot be read: {}", options_.node_name, failure.what()));
+      }
+    } else {
+      say(fmt::format("node {} cannot be read (HTTP {} {}); its config label is read once the "
+                      "API server answers",
+                      options_.node_name, node.status, node.error));
+    }
+  } else {
+    say("no API server: serving the kubelet from the config alone; node labels, the "
+        "tessera.io/gpus annotation and slices' scheduler assignments need one");
+  }
+
+  // The first config must be good: there is nothing older to keep serving.
+  const ConfigSet set = read_configs();
+  PluginConfig config = choose_config(set, {node_label_, options_.config_name});
+  for (const std::string& field : config.ignored) say(fmt::format("{}: {} is accepted and not acted on", config.origin, field));
+  auto first = std::make_shared<Served>(Served{config, build_resource_map(inventory_, config)});
+  for (const std::string& note : first->map.notes) say(note);
+  apply(first);
+
+  threads_.emplace_back([this] { watch_kubelet(); });
+  threads_.emplace_back([this] { watch_config(); });
+  threads_.emplace_back([this] { publish_loop(); });
+  if (options_.api != nullptr) threads_.emplace_back([this] { watch_node(); });
+}
+
+void NodeAgent::stop() {
+  if (stopping_.exchange(true)) return;
+  publish_wanted_.notify_all();
+  for (std::thread& thread : threads_) thread.join();
+  threads_.clear();
+  monitor_.reset();
+  std::lock_guard<std::mutex> locked(servers_mutex_);
+  servers_.clear();  // each stops and removes its socket
+}
+
+bool NodeAgent::reload() {
+  std::lock_guard<std::mutex> reloading(reload_mutex_);
+  std::string label;
+  {
+    std::lock_guard<std::mutex> locked(state_mutex_);
+    label = node_label_;
+  }
+  try {
+    const ConfigSet set = read_configs();
+    PluginConfig config = choose_config(set, {label, options_.config_name});
+    auto next = std::make_shared<Served>(Served{config, build_resource_map(inventory_, config)});
+    const auto current = served();
+    {
+      std::lock_guard<std::mutex> locked(state_mutex_);
+      config_error_.clear();
+    }
+    bool same = current != nullptr && current->config.name == config.name &&
+                current->config.text == config.text &&
+                current->map.resources.size() == next->map.resources.size();
+    for (std::size_t i = 0; same && i < next->map.resources.size(); ++i) {
+      same = current->map.resources[i].signature() == next->map.resources[i].signature();
+    }
+    if (same) {
+      request_publish();  // a refusal shown on the node is cleared
+      return true;
+    }
+    for (const std::string& note : next->map.notes) say(note);
+    say(fmt::format("applying config '{}' ({})", config.name, config.origin));
+    apply(next);
+    return true;
+  } catch (const std::exception& refused) {
+    {
+      std::lock_guard<std::mutex> locked(state_mutex_);
+      config_error_ = refused.what();
+      ++reload_errors_;
+    }
+    say(fmt::format("config refused, the last good one keeps serving: {}", refused.what()));
+    request_publish();
+    return false;
+  }
+}
+
+void NodeAgent::apply(std::shared_ptr<const Served> next) {
+  {
+    std::lock_guard<std::mutex> locked(state_mutex_);
+    served_ = next;
+    ++generation_;
+  }
+  restart_health(next->config);
+  std::set<std::string> wanted;
+  for (const Resource& resource : next->map.resources) wanted.insert(resource.name);
+  std::lock_guard<std::mutex> locked(servers_mutex_);
+  for (auto it = servers_.begin(); it != servers_.end();) {
+    if (wanted.count(it->first) == 0) {
+      say(fmt::format("{} is no longer served", it->first));
+      unregistered_.erase(std::remove(unregistered_.begin(), unregistered_.end(), it->first),
+                          unregistered_.end());
+      it = servers_.erase(it);  // stops serving and removes the socket: the kubelet drops it
+    } else {
+      ++it;
+    }
+  }
+  for (const std::string& name : wanted) {
+    if (servers_.count(name) > 0) continue;
+    auto server = make_server(name);
+    server->start();
+    std::string error;
+    if (!server->register_with_kubelet(error)) {
+      say(error + " (retrying)");
+      unregistered_.push_back(name);
+    } else {
+      say(fmt::format("serving {} on {}", name, server->socket_path()));
+    }
+    servers_[name] = std::move(server);
+  }
+  changes_.notify();  // resources kept but changed send their new list
+  request_publish();
+}
+
+std::unique_ptr<DevicePluginServer> NodeAgent::make_server(const std::string& resource) {
+  PluginCallbacks callbacks;
+  callbacks.list = [this, resource] { return devices_of(resource); };
+  callbacks.prefer = [this, resource](const std::vector<std::string>& available,
+                                      const std::vector<std::string>& required, int size) {
+    const auto state = served();
+    const Resource* served_resource = state->map.find(resource);
+    if (served_resource == nullptr) throw AllocationError(resource + " is no longer served");
+    return preferred_allocation(*served_resource, available, required, size,
+                                options_.replica_policy);
+  };
+  callbacks.allocate = [this, resource](const std::vector<std::string>& ids) {
+    return allocate(resource, ids);
+  };
+  return std::make_unique<DevicePluginServer>(resource, options_.device_plugin_dir,
+                                              std::move(callbacks), changes_);
+}
+
+std::vector<PluginDevice> NodeAgent::devices_of(const std::string& resource) const {
+  std::vector<PluginDevice> devices;
+  const auto state = served();
+  const Resource* served_resource = state == nullptr ? nullptr : state->map.find(resource);
+  if (served_resource == nullptr) return devices;
+  for (const AdvertisedDevice& device : served_resource->devices) {
+    devices.push_back({device.id, health_.healthy(device.gpu), device.numa_node});
+  }
+  return devices;
+}
+
+ContainerAllocation NodeAgent::allocate(const std::string& resource,
+                                        const std::vector<std::string>& ids) {
+  const auto state = served();
+  const Resource* served_resource = state->map.find(resource);
+  if (served_resource == nullptr) {
+    throw AllocationError(fmt::format("{} is no longer served on this node", resource));
+  }
+  if (served_resource->kind == ResourceKind::slices) {
+    return slices_->allocate(inventory_, state->config, *served_resource, ids, health_);
+  }
+  return expose_gpus(inventory_, state->config, requested_gpus(*served_resource, ids), random_uuid());
+}
+
+void NodeAgent::restart_health(const PluginConfig& config) {
+  if (monitor_ != nullptr && monitor_settings_ == config.health) return;
+  monitor_.reset();
+  monitor_settings_ = config.health;
+  monitor_ = std::make_unique<HealthMonitor>(
+      *nvml_, inventory_,
+      health_policy(config.health, std::getenv("DP_DISABLE_HEALTHCHECKS"),
+                    std::getenv("DP_ENABLE_HEALTHCHECKS"), options_.recovery_quiet),
+      health_,
+      [this] {
+        changes_.notify();
+        request_publish();
+      },
+      [this](const std::string& text) { say(text); });
+}
+
+void NodeAgent::register_all(bool restart_servers) {
+  std::lock_guard<std::mutex> locked(servers_mutex_);
+  if (restart_servers) unregistered_.clear();
+  for (auto& [name, server] : servers_) {
+    if (!restart_servers &&
+        std::find(unregistered_.begin(), unregistered_.end(), name) == unregistered_.end()) {
+      continue;
+    }
+    std::string error;
+    try {
+      if (restart_servers) server->start();  // the kubelet removed the old socket
+    } catch (const std::exception& failure) {
+      say(failure.what());
+    }
+    if (!server->register_with_kubelet(error)) {
+      if (std::find(unregistered_.begin(), unregistered_.end(), name) == unregistered_.end()) {
+        unregistered_.push_back(name);
+      }
+      continue;
+    }
+    unregistered_.erase(std::remove(unregistered_.begin(), unregistered_.end(), name),
+                        unregistered_.end());
+    say(fmt::format("registered {} with the kubelet", name));
+  }
+}
+
+void NodeAgent::watch_kubelet() {
+  const int fd = watch_directory(options_.device_plugin_dir, IN_CREATE | IN_MOVED_TO);
+  if (fd < 0) say(fmt::format("cannot watch {}; a kubelet restart is noticed by polling", options_.device_plugin_dir));
+  auto socket_inode = [this] {
+    struct stat info{};
+    return stat((options_.device_plugin_dir + "/" + kKubeletSocket).c_str(), &info) == 0 ? info.st_ino : 0;
+  };
+  ino_t known = socket_inode();
+  auto last_retry = Clock::now();
+  while (!stopping_) {
+    const std::vector<std::string> names = wait_for_events(fd, std::chrono::milliseconds(100));
+    const bool recreated =
+        std::find(names.begin(), names.end(), kKubeletSocket) != names.end() ||
+        (socket_inode() != known && socket_inode() != 0);
+    if (recreated) {
+      known = socket_inode();
+      say("the kubelet's socket was created anew: registering again");
+      register_all(true);
+      last_retry = Clock::now();
+      continue;
+    }
+    bool pending = false;
+    {
+      std::lock_guard<std::mutex> locked(servers_mutex_);
+      pending = !unregistered_.empty();
+    }
+    if (pending && Clock::now() - last_retry >= kRegistrationRetry) {
+      register_all(false);
+      last_retry = Clock::now();
+    }
+  }
+  if (fd >= 0) close(fd);
+}
+
+void NodeAgent::watch_config() {
+  std::string directory = options_.config_dir;
+  if (directory.empty() && !options_.config_file.empty()) {
+    directory = fs::path(options_.config_file).parent_path().string();
+    if (directory.empty()) directory = ".";
+  }
+  if (directory.empty()) return;  // the built-in default: nothing to watch
+  const int fd = watch_directory(directory, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM |
+                                                IN_CREATE | IN_DELETE | IN_ATTRIB);
+  std::string seen = fingerprint(options_.config_dir, options_.config_file);
+  auto last_poll = Clock::now();
+  while (!stopping_) {
+    const std::vector<std::string> names = wait_for_events(fd, std::chrono::milliseconds(200));
+    if (names.empty() && Clock::now() - last_poll < kConfigPoll) continue;
+    last_poll = Clock::now();
+    std::string now = fingerprint(options_.config_dir, options_.config_file);
+    if (now == seen) continue;
+    seen = std::move(now);
+    reload();
+  }
+  if (fd >= 0) close(fd);
+}
+
+void NodeAgent::watch_node() {
+  const std::string path = "/api/v1/nodes?fieldSelector=metadata.name%3D" + options_.node_name;
+  auto take = [this](const nlohmann::json& node) {
+    const std::string label = node.is_null() ? std::string() : node_label_of(node);
+    bool changed = false;
+    {
+      std::lock_guard<std::mutex> locked(state_mutex_);
+      changed = label != node_label_;
+      node_label_ = label;
+    }
+    if (changed) {
+      say(fmt::format("node label {} is now '{}'", kConfigLabel, label));
+      reload();
+    }
+  };
+  kube::CollectionHandlers handlers;
+  handlers.replace = [&](const nlohmann::json& items) {
+    for (const auto& item : items) {
+      if (kube::string_at(item, "/metadata/name"_json_pointer) == options_.node_name) take(item);
+    }
+  };
+  handlers.apply = [&](std::string_view type, const nlohmann::json& object) {
+    if (kube::string_at(object, "/metadata/name"_json_pointer) != options_.node_name) return;
+    take(type == "DELETED" ? nlohmann::json() : object);
+  };
+  kube::follow_collection(*options_.api, path, handlers, stopping_,
+                          [this](const std::string& text) { say(text); });
+}
+
+void NodeAgent::request_publish() {
+  {
+    std::lock_guard<std::mutex> locked(publish_mutex_);
+    publish_pending_ = true;
+  }
+  publish_wanted_.notify_all();
+}
+
+void NodeAgent::publish_loop() {
+  auto last_collect = Clock::now();
+  std::time_t applied_at = std::time(nullptr);
+  std::uint64_t labelled_generation = 0;
+  while (!stopping_) {
+    {
+      std::unique_lock<std::mutex> locked(publish_mutex_);
+      publish_wanted_.wait_for(locked, kPublishRetry, [this] { return publish_pending_ || stopping_.load(); });
+      if (stopping_) return;
+      if (!publish_pending_ && Clock::now() - last_collect < kCollectEvery) continue;
+      publish_pending_ = false;
+    }
+    const auto state = served();
+    std::string error;
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> locked(state_mutex_);
+      error = config_error_;
+      generation = generation_;
+    }
+    if (generation != labelled_generation) {  // GFD's timestamp: when the config took effect
+      applied_at = std::time(nullptr);
+      labelled_generation = generation;
+    }
+    const Labels labels = gpu_labels(inventory_, state->config, applied_at);
+    bool failed = false;
+    if (!options_.features_dir.empty()) {
+      try {
+        write_features_file(options_.features_dir, labels);
+      } catch (const std::exception& failure) {
+        say(failure.what());
+        failed = true;
+      }
+    }
+    if (options_.api != nullptr) {
+      nlohmann::json patch_labels = nlohmann::json::object();
+      for (const auto& [key, value] : labels) patch_labels[key] = value;
+      for (const auto& [key, value] : published_labels_) {
+        if (labels.count(key) == 0) patch_labels[key] = nullptr;
+      }
+      const nlohmann::json annotation =
+          gpus_annotation(inventory_, state->map, health_, state->config.strategy());
+      nlohmann::json patch{
+          {"metadata",
+           {{"labels", patch_labels},
+            {"annotations",
+             {{kGpusAnnotation, kube::dump_outside_json(annotation)},
+              {kConfigAnnotation, state->config.name},
+              {kConfigErrorAnnotation, error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))}}}}}};
+      const kube::ApiResponse answer = options_.api->patch("/api/v1/nodes/" + options_.node_name,
+                                                           kube::dump_outside_json(patch));
+      if (answer.status == 200) {
+        published_labels_ = labels;
+      } else {
+        say(fmt::format("node {}: labels and annotations not written: HTTP {} {}", options_.node_name,
+                        answer.status, answer.status == 0 ? answer.error : answer.body.substr(0, 300)));
+        failed = true;
+      }
+      if (Clock::now() - last_collect >= kCollectEvery) {
+        last_collect = Clock::now();
+        const kube::ApiResponse pods =
+            options_.api->get("/api/v1/pods?fieldSelector=spec.nodeName%3D" + options_.node_name);
+        if (pods.status == 200) {
+          try {
+            std::set<std::string> uids;
+            const nlohmann::json body = kube::parse_outside_json(pods.body);
+            if (const nlohmann::json* items = kube::find_at(body, {"items"}); items != nullptr && items->is_array()) {
+              for (const auto& pod : *items) uids.insert(kube::string_at(pod, "/metadata/uid"_json_pointer));
+              const int removed = slices_->collect(uids);
+              if (removed > 0) say(fmt::format("removed {} ledger(s) of containers gone", removed));
+            }
+          } catch (const std::exception& failure) {
+            say(fmt::format("this node's pods cannot be read: {}", failure.what()));
+          }
+        }
+      }
+    }
+    if (failed) {  // tried again after kPublishRetry
+      std::unique_lock<std::mutex> locked(publish_mutex_);
+      publish_wanted_.wait_for(locked, kPublishRetry, [this] { return stopping_.load(); });
+      publish_pending_ = true;
+    }
+  }
+}
+
+std::string NodeAgent::metrics() {
+  AgentStatus status;
+  status.hostname = options_.node_name;
+  status.inventory = &inventory_;
+  status.health = &health_;
+  status.xids = health_.events();
+  const auto state = served();
+  {
+    std::lock_guard<std::mutex> locked(servers_mutex_);
+    for (const auto& [name, server] : servers_) {
+      AgentStatus::Served& entry = status.resources[name];
+      entry.allocations = server->allocations();
+      entry.refusals = server->refusals();
+    }
+  }
+  for (const Resource& resource : state->map.resources) {
+    AgentStatus::Served& entry = status.resources[resource.name];
+    entry.devices = resource.devices.size();
+    for (const AdvertisedDevice& device : resource.devices) entry.healthy += health_.healthy(device.gpu);
+  }
+  {
+    std::lock_guard<std::mutex> locked(state_mutex_);
+    status.config_generation = generation_;
+    status.reload_errors = reload_errors_;
+    status.config_refused = !config_error_.empty();
+  }
+  status.config_name = state->config.name;
+  return metrics_renderer_.render(status);
+}
+
+}  // namespace tessera::node

@@ -1,0 +1,121 @@
+// tessera node: the node agent. It reads the GPUs (NVML) and the config, serves one device
+// plugin per resource to the kubelet, watches the GPUs' health, and tells the cluster what
+// the node has (labels, the tessera.io/gpus annotation, a features file for NFD).
+//
+// Live: an edited or replaced config file, or a changed nvidia.com/device-plugin.config label,
+// is read, checked and applied without a restart. Only resources that appear or go are
+// registered or unregistered; a resource whose devices changed sends its new list to the
+// kubelet; the rest are untouched. A refused config is logged and shown on the node
+// (tessera.io/config-error) while the last good one keeps serving. Allocate keeps answering
+// throughout: it reads a snapshot of the config in force.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kube/api_client.h"
+#include "node/allocation.h"
+#include "node/config.h"
+#include "node/health.h"
+#include "node/labels.h"
+#include "node/metrics.h"
+#include "node/nvml.h"
+#include "node/plugin_server.h"
+#include "node/resources.h"
+#include "node/slices.h"
+
+namespace tessera::node {
+
+struct NodeAgentOptions {
+  std::string node_name;
+  std::string nvml_library = "libnvidia-ml.so.1";
+  std::string device_plugin_dir = "/var/lib/kubelet/device-plugins";
+  std::string config_file;  // one config (named after --config, or "default")
+  std::string config_dir;   // named configs, a file each (a mounted ConfigMap)
+  std::string config_name;  // the config to use when no node label names one
+  std::string features_dir;  // empty: no features file
+  std::string state_dir = "/var/lib/tessera";
+  std::string hook_library;  // installed into state_dir for containers with slices
+  std::chrono::milliseconds recovery_quiet{60000};
+  ReplicaPolicy replica_policy = ReplicaPolicy::distributed;
+  std::unique_ptr<kube::ApiClient> api;  // null: no cluster
+  std::function<void(const std::string&)> report;  // the log; never throws
+};
+
+class NodeAgent {
+ public:
+  explicit NodeAgent(NodeAgentOptions options);
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  // Reads the GPUs and the config, serves and registers the plugins, starts watching.
+  // Throws (ConfigError, std::runtime_error) when no config can be served at all.
+  void start();
+  void stop();
+
+  // Reads the configs again now; false (the last good config kept) if refused.
+  bool reload();
+  std::uint64_t config_generation() const;
+  std::string config_error() const;  // why the last config read was refused, or ""
+  std::string metrics();
+  const Inventory& inventory() const { return inventory_; }
+
+ private:
+  struct Served {
+    PluginConfig config;
+    ResourceMap map;
+  };
+  std::shared_ptr<const Served> served() const;
+  void apply(std::shared_ptr<const Served> next);
+  std::unique_ptr<DevicePluginServer> make_server(const std::string& resource);
+  std::vector<PluginDevice> devices_of(const std::string& resource) const;
+  ContainerAllocation allocate(const std::string& resource, const std::vector<std::string>& ids);
+  ConfigSet read_configs() const;
+  void restart_health(const PluginConfig& config);
+  void register_all(bool restart_servers);
+  void watch_kubelet();
+  void watch_config();
+  void watch_node();
+  void publish_loop();
+  void request_publish();
+  void say(const std::string& text) const;
+
+  NodeAgentOptions options_;
+  std::unique_ptr<Nvml> nvml_;
+  Inventory inventory_;
+  HealthBoard health_;
+  ChangeSignal changes_;
+  std::unique_ptr<SliceAllocator> slices_;
+  std::unique_ptr<HealthMonitor> monitor_;
+  HealthSettings monitor_settings_;
+  MetricsRenderer metrics_renderer_;
+
+  mutable std::mutex state_mutex_;  // guards served_, node_label_, config_error_, counters
+  std::shared_ptr<const Served> served_;
+  std::string node_label_;
+  std::string config_error_;
+  std::uint64_t generation_ = 0, reload_errors_ = 0;
+
+  std::mutex reload_mutex_;   // one reload at a time
+  std::mutex servers_mutex_;  // guards servers_ and unregistered_
+  std::map<std::string, std::unique_ptr<DevicePluginServer>> servers_;
+  std::vector<std::string> unregistered_;  // resources the kubelet has not taken yet
+
+  std::atomic<bool> stopping_{false};
+  std::mutex publish_mutex_;
+  std::condition_variable publish_wanted_;
+  bool publish_pending_ = false;
+  std::vector<std::thread> threads_;
+  std::map<std::string, std::string> published_labels_;  // publisher thread only
+};
+
+}  // namespace tessera::node

@@ -1,0 +1,67 @@
+// What the device plugin answers the kubelet, in plain terms (the gRPC server converts):
+// which devices it prefers for a container, and what a container given devices gets
+// (environment, mounts, device nodes, CDI devices and annotations), per NVIDIA's
+// deviceListStrategy, deviceIDStrategy and passDeviceSpecs.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "node/config.h"
+#include "node/nvml.h"
+#include "node/resources.h"
+
+namespace tessera::node {
+
+// Refused requests: the message is what the kubelet shows on the pod.
+struct AllocationError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct MountSpec {
+  std::string container_path, host_path;
+  bool read_only = false;
+};
+struct DeviceNodeSpec {
+  std::string container_path, host_path, permissions;
+};
+
+struct ContainerAllocation {
+  std::map<std::string, std::string> envs;
+  std::vector<MountSpec> mounts;
+  std::vector<DeviceNodeSpec> devices;
+  std::map<std::string, std::string> annotations;
+  std::vector<std::string> cdi_devices;
+};
+
+// Replicas of several GPUs: spread over them (fewest allocated first) or packed onto the
+// GPU with the most already allocated.
+enum class ReplicaPolicy { distributed, packed };
+
+// The devices the plugin would give a container: must_include first, then `size` in all
+// from `available`. Replicas follow `policy`; whole GPUs come from one NUMA node where one
+// can hold them. Throws AllocationError when the request cannot be met or names unknown IDs.
+std::vector<std::string> preferred_allocation(const Resource& resource,
+                                              const std::vector<std::string>& available,
+                                              const std::vector<std::string>& must_include,
+                                              int size, ReplicaPolicy policy);
+
+// The GPUs (inventory indices, de-duplicated, in order) a container's device IDs stand for,
+// with NVIDIA's checks: unknown IDs and, with failRequestsGreaterThanOne, more than one replica.
+std::vector<int> requested_gpus(const Resource& resource, const std::vector<std::string>& ids);
+
+// The container's view of `gpus` for the container runtime. `response_id` names the CDI
+// annotation (NVIDIA uses a fresh UUID per response).
+ContainerAllocation expose_gpus(const Inventory& inventory, const PluginConfig& config,
+                                const std::vector<int>& gpus, const std::string& response_id);
+
+// The device nodes a container with `gpus` needs, as passDeviceSpecs gives them.
+std::vector<DeviceNodeSpec> device_nodes(const Inventory& inventory, const PluginConfig& config,
+                                         const std::vector<int>& gpus);
+
+// A random UUID (version 4), for CDI annotation keys.
+std::string random_uuid();
+
+}  // namespace tessera::node

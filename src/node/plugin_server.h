@@ -1,0 +1,95 @@
+// One kubelet device plugin (gRPC, v1beta1) for one resource: its socket in the kubelet's
+// directory, registration with the kubelet, ListAndWatch with the full list on connect and on
+// every change, GetPreferredAllocation, Allocate and PreStartContainer. What it answers comes
+// from the node agent through callbacks; the server holds no state of its own beyond that.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "node/allocation.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace tessera::node {
+
+// Something the plugins' lists depend on changed (a resource, a GPU's health): every
+// ListAndWatch stream wakes and sends its list again if it differs.
+class ChangeSignal {
+ public:
+  void notify();
+  std::uint64_t generation() const;
+  // Waits until the generation differs from `seen`, or `timeout` passes.
+  std::uint64_t wait(std::uint64_t seen, std::chrono::milliseconds timeout) const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  std::uint64_t generation_ = 0;
+};
+
+struct PluginDevice {
+  std::string id;
+  bool healthy = true;
+  int numa_node = -1;
+};
+
+struct PluginCallbacks {
+  std::function<std::vector<PluginDevice>()> list;
+  std::function<std::vector<std::string>(const std::vector<std::string>& available,
+                                         const std::vector<std::string>& must_include, int size)>
+      prefer;
+  // Throws AllocationError with the reason the kubelet shows.
+  std::function<ContainerAllocation(const std::vector<std::string>& ids)> allocate;
+  std::function<void(const std::vector<std::string>& ids)> pre_start;
+};
+
+inline constexpr const char* kKubeletSocket = "kubelet.sock";
+inline constexpr const char* kDevicePluginVersion = "v1beta1";
+
+class DevicePluginServer {
+ public:
+  DevicePluginServer(std::string resource, std::string directory, PluginCallbacks callbacks,
+                     const ChangeSignal& signal);
+  ~DevicePluginServer();
+  DevicePluginServer(const DevicePluginServer&) = delete;
+  DevicePluginServer& operator=(const DevicePluginServer&) = delete;
+
+  // Creates the socket (replacing a stale one) and serves. Throws std::runtime_error.
+  void start();
+  // Stops serving (open streams end) and removes the socket.
+  void stop();
+  bool serving() const { return server_ != nullptr; }
+  // Registers with the kubelet's socket in the directory; false with the reason.
+  bool register_with_kubelet(std::string& error) const;
+
+  const std::string& resource() const { return resource_; }
+  std::string socket_path() const { return directory_ + "/" + socket_name_; }
+  std::uint64_t allocations() const { return allocations_.load(); }
+  std::uint64_t refusals() const { return refusals_.load(); }
+
+  class Service;  // the gRPC service (plugin_server.cpp)
+
+ private:
+  std::string resource_, directory_, socket_name_;
+  PluginCallbacks callbacks_;
+  const ChangeSignal& signal_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> allocations_{0}, refusals_{0};
+};
+
+// The socket file name for a resource: tessera-<name after the '/'>.sock.
+std::string socket_name_for(const std::string& resource);
+
+}  // namespace tessera::node

@@ -1,0 +1,60 @@
+// test-kubelet: the test kubelet as a program, for the demo and for trying tessera node by
+// hand. It serves kubelet.sock in DIR, waits for RESOURCE to register and list its devices,
+// prints them, then allocates COUNT of them (as the kubelet would, asking the plugin which
+// it prefers) and prints what a container would get.
+//
+//   test-kubelet DIR RESOURCE [COUNT]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "test_kubelet.h"
+
+int main(int argc, char** argv) {
+  if (argc < 3 || argc > 4) {
+    std::fprintf(stderr, "usage: test-kubelet DIR RESOURCE [COUNT]\n");
+    return 2;
+  }
+  const std::string resource = argv[2];
+  const int count = argc == 4 ? std::atoi(argv[3]) : 0;
+  tessera::test::TestKubelet kubelet(argv[1]);
+  tessera::test::TestKubelet::Devices devices;
+  if (!kubelet.wait_for_devices(resource, [](const auto& list) { return !list.empty(); },
+                                std::chrono::seconds(20), &devices)) {
+    std::fprintf(stderr, "test-kubelet: %s did not register and list devices within 20 s\n",
+                 resource.c_str());
+    return 1;
+  }
+  std::printf("kubelet: %s registered with %zu devices\n", resource.c_str(), devices.size());
+  std::vector<std::string> available;
+  for (const auto& [id, state] : devices) {
+    std::printf("  %-48s %s\n", id.c_str(), state.health.c_str());
+    if (state.health == "Healthy") available.push_back(id);
+  }
+  if (count <= 0) return 0;
+  std::vector<std::string> chosen;
+  grpc::Status status = kubelet.preferred(resource, available, {}, count, chosen);
+  if (!status.ok()) {
+    std::fprintf(stderr, "test-kubelet: GetPreferredAllocation: %s\n", status.error_message().c_str());
+    return 1;
+  }
+  v1beta1::AllocateResponse response;
+  status = kubelet.allocate(resource, {chosen}, response);
+  if (!status.ok()) {
+    std::printf("kubelet: Allocate refused: %s\n", status.error_message().c_str());
+    return 1;
+  }
+  std::printf("kubelet: Allocate of");
+  for (const std::string& id : chosen) std::printf(" %s", id.c_str());
+  std::printf("\n");
+  for (const auto& container : response.container_responses()) {
+    std::map<std::string, std::string> envs(container.envs().begin(), container.envs().end());
+    for (const auto& [name, value] : envs) std::printf("  env   %s=%s\n", name.c_str(), value.c_str());
+    for (const auto& mount : container.mounts()) {
+      std::printf("  mount %s <- %s%s\n", mount.container_path().c_str(), mount.host_path().c_str(),
+                  mount.read_only() ? " (read-only)" : "");
+    }
+  }
+  return 0;
+}
