@@ -33,6 +33,8 @@ using kube::RecordedAssignment;
 using kube::assignment_from_annotation;
 using kube::pod_from_json;
 
+static_assert(kube::kMostGpusPerNode == kMaxGpusPerNode);
+
 inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
 
 struct NodeInfo {

@@ -209,7 +209,10 @@ DeviceSelection device_selection(Reader& reader, const YAML::Node& node, const s
   DeviceSelection selection;
   reader.visit(path);
   if (node.IsScalar()) {
-    if (node.Tag() == "?" && node.Scalar() != "all") {
+    const std::string& text = node.Scalar();
+    const bool number = node.Tag() == "?" && !text.empty() &&
+                        (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '+');
+    if (number) {
       const std::int64_t count = reader.integer(node, path, INT64_MIN, INT64_MAX);
       if (count <= 0) {
         reader.fail(path,
@@ -219,9 +222,9 @@ DeviceSelection device_selection(Reader& reader, const YAML::Node& node, const s
       selection.count = static_cast<int>(std::min<std::int64_t>(count, 1 << 20));
       return selection;
     }
-    if (node.Scalar() != "all") {
+    if (text != "all") {
       reader.fail(path, fmt::format("devices set as '{}' but the only valid string input is 'all'",
-                                    node.Scalar().substr(0, 200)));
+                                    text.substr(0, 200)));
     }
     return selection;
   }

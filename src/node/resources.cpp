@@ -162,6 +162,12 @@ std::string base_device_id(const std::string& id) {
 }
 
 ResourceMap build_resource_map(const Inventory& inventory, const PluginConfig& config) {
+  if (config.strategy() == SharingStrategy::mps) {
+    throw ConfigError(fmt::format(
+        "{}: sharing.mps: this tessera node does not run MPS control daemons yet; share with "
+        "sharing.timeSlicing or sharing.slices for now",
+        config.origin));
+  }
   ResourceMap map;
   std::vector<int> unshared = whole_gpus(inventory, config, map.notes);
   const SharedResources& replicated = config.replicated();

@@ -1,0 +1,550 @@
+// The node agent's decisions, in process: configs (NVIDIA's v1, the seeds', Tessera's slices)
+// read or refused with NVIDIA's messages, the resources and device IDs they give, the
+// preferred and granted devices, GFD's labels and what makes a GPU unhealthy.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "extender/cluster_objects.h"
+#include "node/allocation.h"
+#include "node/config.h"
+#include "node/health.h"
+#include "node/labels.h"
+#include "node/resources.h"
+#include "support.h"
+
+namespace tessera::test {
+namespace {
+
+using namespace tessera::node;
+namespace fs = std::filesystem;
+
+std::string example(const std::string& name) {
+  return std::string(TESSERA_SOURCE_DIR) + "/examples/node-configs/" + name;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream input(path);
+  return std::string((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());
+}
+
+// The simulated GPU's UUIDs, which these machines copy.
+std::string uuid(int index) {
+  char text[48];
+  std::snprintf(text, sizeof text, "GPU-7e55e7a0-0000-4000-8000-%012x", index);
+  return text;
+}
+
+// A machine as NVML would describe it: `count` GPUs of a model, UUIDs as the simulated GPU
+// gives them.
+Inventory machine(int count, const std::string& name = "NVIDIA A100-SXM4-40GB", int numa_every = 0) {
+  Inventory inventory;
+  inventory.driver_version = "580.65.06";
+  inventory.cuda_major = 13;
+  for (int i = 0; i < count; ++i) {
+    GpuInfo gpu;
+    gpu.index = static_cast<unsigned>(i);
+    gpu.uuid = uuid(i);
+    gpu.name = name;
+    gpu.memory_bytes = 40960ull << 20;
+    gpu.cc_major = name.find("T4") != std::string::npos ? 7 : 8;
+    gpu.cc_minor = name.find("T4") != std::string::npos ? 5 : 0;
+    gpu.mig_capable = gpu.cc_major >= 8;
+    gpu.numa_node = numa_every > 0 ? i / numa_every : -1;
+    inventory.gpus.push_back(gpu);
+  }
+  return inventory;
+}
+
+// NVIDIA's replica IDs: each GPU's UUID, then ::0 to ::replicas-1.
+std::set<std::string> replicas_of(const std::vector<int>& gpus, int replicas) {
+  std::set<std::string> ids;
+  for (const int gpu : gpus) {
+    for (int i = 0; i < replicas; ++i) ids.insert(uuid(gpu) + "::" + std::to_string(i));
+  }
+  return ids;
+}
+
+std::map<std::string, std::set<std::string>> resources_of(const ResourceMap& map) {
+  std::map<std::string, std::set<std::string>> out;
+  for (const Resource& resource : map.resources) {
+    for (const AdvertisedDevice& device : resource.devices) out[resource.name].insert(device.id);
+  }
+  return out;
+}
+
+// Refused, naming `field`, with `message` in the reason.
+void expect_refused(const std::string& yaml, const std::string& field, const std::string& message) {
+  try {
+    parse_plugin_config(yaml, "/etc/test/config.yaml");
+    ADD_FAILURE() << "accepted:\n" << yaml;
+  } catch (const ConfigError& refused) {
+    const std::string why = refused.what();
+    EXPECT_NE(why.find("/etc/test/config.yaml"), std::string::npos) << why;
+    EXPECT_NE(why.find(field), std::string::npos) << "field " << field << " not named: " << why;
+    EXPECT_NE(why.find(message), std::string::npos) << "expected '" << message << "' in: " << why;
+  }
+}
+
+TEST(NodeConfig, EveryNvidiaAndSeedExampleGivesNvidiasResourcesAndIds) {
+  const Inventory two = machine(2);
+  const std::vector<int> both = {0, 1};
+  struct Case {
+    const char* file;
+    std::map<std::string, std::set<std::string>> expected;
+  };
+  const std::set<std::string> whole = {uuid(0), uuid(1)};
+  const Case cases[] = {
+      {"nvidia-flags.yaml", {{"nvidia.com/gpu", whole}}},
+      {"nvidia-time-slicing.yaml", {{"nvidia.com/gpu", replicas_of(both, 10)}}},
+      {"nvidia-time-slicing-renamed.yaml", {{"nvidia.com/gpu.shared", replicas_of(both, 10)}}},
+      {"nvidia-fail-requests.yaml", {{"nvidia.com/gpu", replicas_of(both, 10)}}},
+      {"seed-any.yaml", {{"nvidia.com/gpu", replicas_of(both, 4)}}},
+      // mixed, and no GPU has MIG on: whole GPUs shared 8 ways; the MIG resources match nothing.
+      {"seed-a100-40gb.yaml", {{"nvidia.com/gpu", replicas_of(both, 8)}}},
+      {"seed-tesla-t4.yaml", {{"nvidia.com/gpu", replicas_of(both, 4)}}},
+      {"seed-chapter-time-slicing.yaml", {{"nvidia.com/gpu", replicas_of(both, 4)}}},
+      {"seed-chapter-mig.yaml", {{"nvidia.com/gpu", whole}}},
+      {"tessera-slices.yaml", {{"nvidia.com/gpu", replicas_of(both, 4)}}},
+  };
+  for (const Case& test : cases) {
+    SCOPED_TRACE(test.file);
+    const PluginConfig config = parse_plugin_config(read_text(example(test.file)), example(test.file));
+    EXPECT_EQ(resources_of(build_resource_map(two, config)), test.expected);
+  }
+  // Every file in the folder is in the table above, or the MPS one.
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(example(""))) files += entry.path().extension() == ".yaml";
+  EXPECT_EQ(files, static_cast<int>(std::size(cases)) + 2);  // + nvidia-mps, partly-shared
+}
+
+TEST(NodeConfig, TheSeedsMigStrategySpellingIsTheFlagsAndAContradictionIsRefused) {
+  const PluginConfig config = parse_plugin_config(read_text(example("seed-chapter-mig.yaml")), "chapter");
+  EXPECT_EQ(config.flags.mig_strategy, MigStrategy::single);
+  expect_refused("version: v1\nflags: {migStrategy: mixed}\nsharing: {mig: {strategy: single}}\n",
+                 "sharing.mig.strategy", "contradicts flags.migStrategy");
+  expect_refused("sharing: {mig: {strategy: some}}\n", "flags.migStrategy",
+                 "invalid --mig-strategy option: some");
+}
+
+TEST(NodeConfig, NvidiasDefaultsFillWhatAConfigLeavesOut) {
+  const PluginConfig config = parse_plugin_config("version: v1\n", "minimal");
+  EXPECT_EQ(config.flags.mig_strategy, MigStrategy::none);
+  EXPECT_TRUE(config.flags.fail_on_init_error);
+  EXPECT_TRUE(config.flags.device_list.envvar);
+  EXPECT_FALSE(config.flags.device_list.volume_mounts);
+  EXPECT_EQ(config.flags.device_id, DeviceIdStrategy::uuid);
+  EXPECT_FALSE(config.flags.pass_device_specs);
+  EXPECT_EQ(config.flags.nvidia_driver_root, "/");
+  EXPECT_EQ(config.strategy(), SharingStrategy::none);
+  // An empty version is v1; an empty file is the default config.
+  EXPECT_NO_THROW(parse_plugin_config("version: \"\"\n", "empty version"));
+  EXPECT_EQ(parse_plugin_config("", "empty").strategy(), SharingStrategy::none);
+  // JSON is YAML too, as NVIDIA's reader takes it.
+  const PluginConfig json = parse_plugin_config(
+      R"({"version":"v1","sharing":{"timeSlicing":{"resources":[{"name":"nvidia.com/gpu","replicas":3}]}}})",
+      "json");
+  EXPECT_EQ(json.time_slicing.resources.at(0).replicas, 3);
+  // MPS keeps NVIDIA's historical default: one replica a request.
+  EXPECT_TRUE(parse_plugin_config(read_text(example("nvidia-mps.yaml")), "mps").mps.fail_requests_greater_than_one);
+  // A name without the prefix gets it, as NVIDIA's NewResourceName does.
+  EXPECT_EQ(parse_plugin_config("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}", "short")
+                .time_slicing.resources.at(0)
+                .name,
+            "nvidia.com/gpu");
+}
+
+TEST(NodeConfig, InvalidConfigsAreRefusedWithNvidiasMessages) {
+  expect_refused("version: v2\n", "version", "unknown version: v2");
+  expect_refused("sharing: {timeSlicing: {}}\n", "sharing.timeSlicing", "no resources specified");
+  expect_refused("sharing: {timeSlicing: {resources: []}}\n", "sharing.timeSlicing.resources",
+                 "no resources specified");
+  expect_refused("sharing: {timeSlicing: {resources: [{replicas: 2}]}}\n",
+                 "sharing.timeSlicing.resources[0]", "no resource name specified");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu}]}}\n",
+                 "sharing.timeSlicing.resources[0]", "no replicas specified");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 1}]}}\n",
+                 "sharing.timeSlicing.resources[0].replicas", "number of replicas must be >= 2");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: -3}]}}\n",
+                 "replicas", "number of replicas must be >= 2");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: some}]}}\n",
+                 "devices", "devices set as 'some' but the only valid string input is 'all'");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: 0}]}}\n",
+                 "devices", "devices set as '0' but a count of devices must be > 0");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: [GPU-x]}]}}\n",
+                 "devices[0]", "unsupported type for device in devices list");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: \"nvidia.com/GPU!\", replicas: 2}]}}\n",
+                 "name", "incorrect format for resource name 'nvidia.com/GPU!'");
+  expect_refused("flags: {plugin: {deviceListStrategy: carrier-pigeon}}\n", "flags.plugin.deviceListStrategy",
+                 "invalid --device-list-strategy option: invalid strategy: carrier-pigeon");
+  expect_refused("flags: {plugin: {deviceIDStrategy: serial}}\n", "flags.plugin.deviceIDStrategy",
+                 "invalid --device-id-strategy option: serial");
+  expect_refused("flags: {migStrategy: mixed}\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n"
+                 "",
+                 "flags.migStrategy", "using --mig-strategy=mixed is not supported with MPS");
+  expect_refused("sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n", "flags.mpsRoot",
+                 "using MPS requires --mps-root to be specified");
+  expect_refused("health: {eventTypes: [EventTypeNothing]}\n", "health.eventTypes[0]",
+                 "invalid event type: EventTypeNothing");
+  expect_refused("health: {ignoredXIDs: [79], criticalXIDs: [79]}\n", "health.criticalXIDs",
+                 "XID 79 is in both ignored and critical lists");
+}
+
+TEST(NodeConfig, UnknownFieldsWrongTypesAndContradictionsAreRefusedNamingFieldAndValue) {
+  expect_refused("version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicsa: 4}]}}\n",
+                 "sharing.timeSlicing.resources[0].replicsa", "unknown field");
+  expect_refused("flags: {migStratgy: none}\n", "flags.migStratgy", "unknown field (known here:");
+  expect_refused("verison: v1\n", "verison", "unknown field");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: \"4\"}]}}\n",
+                 "replicas", "must be a whole number, not '4'");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4.5}]}}\n",
+                 "replicas", "must be a whole number, not '4.5'");
+  expect_refused("flags: {failOnInitError: maybe}\n", "flags.failOnInitError",
+                 "must be true or false, not 'maybe'");
+  expect_refused("flags: {failOnInitError: \"true\"}\n", "flags.failOnInitError", "must be true or false");
+  expect_refused("flags: [a, b]\n", "flags", "must be a mapping, not a list");
+  expect_refused("flags: {mpsRoot: 12}\n", "flags.mpsRoot", "must be a string, not 12");
+  expect_refused("version: v1\nversion: v1\n", "version", "is given twice");
+  expect_refused("sharing:\n  timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n"
+                 "  mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\nflags: {mpsRoot: /run/mps}\n",
+                 "sharing", "timeSlicing and mps are both set");
+  expect_refused("sharing:\n  timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n"
+                 "  slices: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n",
+                 "sharing.slices", "nvidia.com/gpu is also shared by timeSlicing");
+  expect_refused("sharing: {slices: {resources: [{name: nvidia.com/gpu, replicas: 4, memoryPerSlice: 8XB}]}}\n",
+                 "memoryPerSlice", "'8XB' is not a size");
+  expect_refused("sharing: {slices: {resources: [{name: nvidia.com/gpu, replicas: 4, coresPerSlice: 101}]}}\n",
+                 "coresPerSlice", "101 is out of range (1 to 100)");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, memoryPerSlice: 1GiB}]}}\n",
+                 "memoryPerSlice", "unknown field");
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}, "
+                 "{name: nvidia.com/gpu, replicas: 3}]}}\n",
+                 "resources[1]", "resource nvidia.com/gpu is listed twice");
+  expect_refused("version: [v1\n", "", "not YAML");
+}
+
+TEST(NodeConfig, HostileConfigsAreRefusedBeforeTheyCanHurt) {
+  // Nesting that would overflow a recursive parser's stack.
+  expect_refused(std::string(100000, '[') + std::string(100000, ']'), "", "nested more than 32 deep");
+  // Larger than any config.
+  expect_refused("# " + std::string(kMostConfigBytes, 'x') + "\n", "", "larger than 256 KiB");
+  // Aliases that multiply a small file into a huge tree.
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char name = 'b'; name <= 'j'; ++name) {
+    bomb += std::string(1, name) + ": &" + name + " [*" + char(name - 1) + ", *" + char(name - 1) + ", *" +
+            char(name - 1) + ", *" + char(name - 1) + ", *" + char(name - 1) + "]\n";
+  }
+  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: [0]}]}}\n" + bomb,
+                 "", "unknown field");
+  expect_refused("imex: {channelIDs: " + std::string("[1,") + std::string(300000, ' ') + "2]}\n",
+                 "", "larger than 256 KiB");
+  // Not text at all.
+  const std::string binary("\x00\xff\xfe\x01\x7f", 5);
+  EXPECT_THROW(parse_plugin_config(binary, "binary"), ConfigError);
+}
+
+TEST(NodeConfig, NamedConfigsComeFromADirectoryMountedAsAConfigMapIs) {
+  ScratchDirectory scratch;
+  // A ConfigMap volume: ..data links to a timestamped directory, each key links through it.
+  const std::string data = scratch.file("..2026_12_03_10_00_00.000000001");
+  fs::create_directory(data);
+  std::ofstream(data + "/any") << read_text(example("seed-any.yaml"));
+  std::ofstream(data + "/tesla-t4") << read_text(example("seed-tesla-t4.yaml"));
+  std::ofstream(data + "/broken") << "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu}]}}\n";
+  fs::create_directory_symlink(data, scratch.file("..data"));
+  for (const char* key : {"any", "tesla-t4", "broken"}) {
+    fs::create_symlink(std::string("..data/") + key, scratch.file(key));
+  }
+  const ConfigSet set = read_config_directory(scratch.path());
+  EXPECT_EQ(set.configs.size(), 2u);
+  ASSERT_EQ(set.refused.count("broken"), 1u);
+  EXPECT_NE(set.refused.at("broken").find("no replicas specified"), std::string::npos);
+
+  EXPECT_EQ(choose_config(set, {"tesla-t4", "any"}).name, "tesla-t4");  // the label wins
+  EXPECT_EQ(choose_config(set, {"", "any"}).name, "any");             // then --config
+  try {
+    choose_config(set, {"a100-80gb", "any"});
+    ADD_FAILURE() << "a missing config was chosen";
+  } catch (const ConfigError& refused) {
+    EXPECT_NE(std::string(refused.what()).find("nvidia.com/device-plugin.config names config 'a100-80gb'"),
+              std::string::npos)
+        << refused.what();
+  }
+  try {
+    choose_config(set, {"broken", ""});
+    ADD_FAILURE() << "a refused config was chosen";
+  } catch (const ConfigError& refused) {
+    EXPECT_NE(std::string(refused.what()).find("no replicas specified"), std::string::npos);
+  }
+  EXPECT_THROW(choose_config(set, {"", ""}), ConfigError);  // several, and nothing chooses
+  // One config and nothing choosing: that one; none at all: NVIDIA's default.
+  const ConfigSet single = read_config_file(example("seed-any.yaml"), "default");
+  EXPECT_EQ(choose_config(single, {"", ""}).time_slicing.resources.at(0).replicas, 4);
+  EXPECT_EQ(choose_config(ConfigSet{}, {"", ""}).strategy(), SharingStrategy::none);
+}
+
+TEST(NodeResources, SharingSomeGpusLeavesTheOthersWholeAndRenamesAsAsked) {
+  const Inventory four = machine(4);
+  // devices: [0, 1] as slices: GPUs 2 and 3 whole in the same resource, as NVIDIA leaves them.
+  const ResourceMap partly =
+      build_resource_map(four, parse_plugin_config(read_text(example("tessera-partly-shared.yaml")), "partly"));
+  std::set<std::string> expected = replicas_of({0, 1}, 4);
+  expected.insert(uuid(2));
+  expected.insert(uuid(3));
+  EXPECT_EQ(resources_of(partly).at("nvidia.com/gpu"), expected);
+  // A count takes the first GPUs; rename moves the replicas to their own resource.
+  const ResourceMap renamed = build_resource_map(
+      four, parse_plugin_config("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, rename: "
+                                "gpu-small, replicas: 3, devices: 1}]}}",
+                                "renamed"));
+  EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu-small"), replicas_of({0}, 3));
+  EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu"), (std::set<std::string>{uuid(1), uuid(2), uuid(3)}));
+  // A UUID in the list, and one not on this node.
+  const ResourceMap by_uuid = build_resource_map(
+      four, parse_plugin_config("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, "
+                                "devices: [\"" + uuid(3) + "\"]}]}}",
+                                "by-uuid"));
+  EXPECT_EQ(by_uuid.find("nvidia.com/gpu")->devices.size(), 3u + 2u);
+  EXPECT_THROW(build_resource_map(machine(2), parse_plugin_config("sharing: {timeSlicing: {resources: [{name: "
+                                                                  "nvidia.com/gpu, replicas: 2, devices: [3]}]}}",
+                                                                  "absent")),
+               ConfigError);
+}
+
+TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
+  Inventory mixed_modes = machine(2);
+  mixed_modes.gpus[1].mig_enabled = true;
+  const PluginConfig single = parse_plugin_config("flags: {migStrategy: single}", "single");
+  try {
+    build_resource_map(mixed_modes, single);
+    ADD_FAILURE() << "mixed MIG enablement accepted under single";
+  } catch (const ConfigError& refused) {
+    EXPECT_NE(std::string(refused.what()).find("all devices on the node must be configured with the same migEnabled value"),
+              std::string::npos);
+  }
+  Inventory all_mig = machine(2);
+  for (GpuInfo& gpu : all_mig.gpus) gpu.mig_enabled = true;
+  try {
+    build_resource_map(all_mig, single);
+    ADD_FAILURE() << "MIG GPUs without MIG devices accepted under single";
+  } catch (const ConfigError& refused) {
+    EXPECT_NE(std::string(refused.what()).find("device 0 has no MIG devices configured"), std::string::npos);
+  }
+  // mixed serves the GPUs whose MIG mode is off, whole; none serves every GPU whole.
+  const ResourceMap mixed = build_resource_map(mixed_modes, parse_plugin_config("flags: {migStrategy: mixed}", "m"));
+  EXPECT_EQ(resources_of(mixed).at("nvidia.com/gpu"), std::set<std::string>{uuid(0)});
+  EXPECT_EQ(resources_of(build_resource_map(mixed_modes, parse_plugin_config("", "none"))).at("nvidia.com/gpu").size(), 2u);
+  // MPS is read and checked, and not served until MPS lands: said plainly.
+  try {
+    build_resource_map(machine(1), parse_plugin_config(read_text(example("nvidia-mps.yaml")), "mps"));
+    ADD_FAILURE() << "MPS served without MPS daemons";
+  } catch (const ConfigError& refused) {
+    EXPECT_NE(std::string(refused.what()).find("MPS"), std::string::npos);
+  }
+}
+
+TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode) {
+  const Inventory two = machine(2);
+  const ResourceMap map = build_resource_map(two, parse_plugin_config(read_text(example("seed-any.yaml")), "any"));
+  const Resource& gpu = *map.find("nvidia.com/gpu");
+  // GPU 0 has two of its replicas allocated already (not available).
+  std::vector<std::string> available = {uuid(0) + "::2", uuid(0) + "::3"};
+  for (int i = 0; i < 4; ++i) available.push_back(uuid(1) + "::" + std::to_string(i));
+  const auto spread = preferred_allocation(gpu, available, {}, 2, ReplicaPolicy::distributed);
+  EXPECT_EQ(spread, (std::vector<std::string>{uuid(1) + "::0", uuid(1) + "::1"}));
+  const auto packed = preferred_allocation(gpu, available, {}, 1, ReplicaPolicy::packed);
+  EXPECT_EQ(packed, (std::vector<std::string>{uuid(0) + "::2"}));
+  const auto with_required =
+      preferred_allocation(gpu, available, {uuid(1) + "::3"}, 2, ReplicaPolicy::distributed);
+  EXPECT_EQ(with_required.front(), uuid(1) + "::3");
+  EXPECT_EQ(with_required.size(), 2u);
+  EXPECT_THROW(preferred_allocation(gpu, available, {}, 7, ReplicaPolicy::distributed), AllocationError);
+  EXPECT_THROW(preferred_allocation(gpu, {"GPU-nope::0"}, {}, 1, ReplicaPolicy::distributed), AllocationError);
+
+  // Whole GPUs on two NUMA nodes of 4: a request of 2 stays on one node, the fuller one.
+  const Inventory eight = machine(8, "NVIDIA H100 80GB HBM3", 4);
+  const ResourceMap whole = build_resource_map(eight, default_plugin_config());
+  const Resource& gpus = *whole.find("nvidia.com/gpu");
+  const std::vector<std::string> free_gpus = {uuid(1), uuid(2), uuid(3), uuid(4), uuid(5), uuid(6), uuid(7)};
+  const auto chosen = preferred_allocation(gpus, free_gpus, {}, 2, ReplicaPolicy::distributed);
+  ASSERT_EQ(chosen.size(), 2u);
+  EXPECT_EQ(gpus.find(chosen[0])->numa_node, gpus.find(chosen[1])->numa_node);
+  EXPECT_EQ(gpus.find(chosen[0])->numa_node, 0);  // node 0 has 3 free, node 1 has 4: pack node 0
+  const auto four = preferred_allocation(gpus, free_gpus, {}, 4, ReplicaPolicy::distributed);
+  std::set<int> nodes;
+  for (const std::string& id : four) nodes.insert(gpus.find(id)->numa_node);
+  EXPECT_EQ(nodes, std::set<int>{1});  // only node 1 holds four
+  const auto near = preferred_allocation(gpus, free_gpus, {uuid(5)}, 2, ReplicaPolicy::distributed);
+  EXPECT_EQ(gpus.find(near[1])->numa_node, 1);  // beside what must be included
+}
+
+TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
+  const Inventory two = machine(2);
+  PluginConfig config = parse_plugin_config(read_text(example("nvidia-fail-requests.yaml")), "fail");
+  const ResourceMap map = build_resource_map(two, config);
+  const Resource& gpu = *map.find("nvidia.com/gpu");
+  try {
+    requested_gpus(gpu, {uuid(0) + "::0", uuid(1) + "::0"});
+    ADD_FAILURE() << "two replicas granted with failRequestsGreaterThanOne";
+  } catch (const AllocationError& refused) {
+    EXPECT_STREQ(refused.what(), "invalid request: maximum request size for shared resources is 1; found 2");
+  }
+  EXPECT_THROW(requested_gpus(gpu, {"GPU-unknown::0"}), AllocationError);
+  // Two replicas of one GPU are one GPU to the container.
+  config.time_slicing.fail_requests_greater_than_one = false;
+  const ResourceMap relaxed = build_resource_map(two, config);
+  EXPECT_EQ(requested_gpus(*relaxed.find("nvidia.com/gpu"), {uuid(1) + "::0", uuid(1) + "::3", uuid(0) + "::1"}),
+            (std::vector<int>{1, 0}));
+
+  PluginConfig flags = default_plugin_config();
+  ContainerAllocation envvar = expose_gpus(two, flags, {1, 0}, "r1");
+  EXPECT_EQ(envvar.envs.at("NVIDIA_VISIBLE_DEVICES"), uuid(1) + "," + uuid(0));
+  EXPECT_TRUE(envvar.mounts.empty());
+  flags.flags.device_id = DeviceIdStrategy::index;
+  EXPECT_EQ(expose_gpus(two, flags, {1, 0}, "r1").envs.at("NVIDIA_VISIBLE_DEVICES"), "1,0");
+  flags = parse_plugin_config(
+      "flags: {plugin: {deviceListStrategy: [volume-mounts, cdi-annotations, cdi-cri], passDeviceSpecs: true}}", "all");
+  const ContainerAllocation all = expose_gpus(two, flags, {0}, "response-7");
+  EXPECT_EQ(all.envs.at("NVIDIA_VISIBLE_DEVICES"), "/var/run/nvidia-container-devices");
+  ASSERT_EQ(all.mounts.size(), 1u);
+  EXPECT_EQ(all.mounts[0].container_path, "/var/run/nvidia-container-devices/" + uuid(0));
+  EXPECT_EQ(all.mounts[0].host_path, "/dev/null");
+  EXPECT_EQ(all.annotations.at("cdi.k8s.io/nvidia-device-plugin_response-7"),
+            "k8s.device-plugin.nvidia.com/gpu=" + uuid(0));
+  EXPECT_EQ(all.cdi_devices, std::vector<std::string>{"k8s.device-plugin.nvidia.com/gpu=" + uuid(0)});
+  ASSERT_GE(all.devices.size(), 2u);
+  EXPECT_EQ(all.devices[0].container_path, "/dev/nvidia0");
+  EXPECT_EQ(all.devices[0].permissions, "rw");
+  EXPECT_EQ(all.devices[1].container_path, "/dev/nvidiactl");
+}
+
+TEST(NodeLabels, GfdLabelsSayWhatNvidiasSayWithTheSeedsSharingLabel) {
+  const Inventory t4 = machine(4, "Tesla T4");
+  const PluginConfig shared = parse_plugin_config(read_text(example("seed-tesla-t4.yaml")), "t4");
+  Labels labels = gpu_labels(t4, shared, 1700000000);
+  // As the time-slicing article shows them for this config.
+  EXPECT_EQ(labels.at("nvidia.com/gpu.count"), "4");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.product"), "Tesla-T4-SHARED");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.replicas"), "4");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.sharing-strategy"), "time-slicing");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.family"), "turing");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.compute.major"), "7");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.compute.minor"), "5");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.memory"), "40960");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.sharing"), "timeslice");
+  EXPECT_EQ(labels.at("nvidia.com/mig.capable"), "false");
+  EXPECT_EQ(labels.at("nvidia.com/mig.strategy"), "none");
+  EXPECT_EQ(labels.at("nvidia.com/mps.capable"), "false");
+  EXPECT_EQ(labels.at("nvidia.com/cuda.driver-version.full"), "580.65.06");
+  EXPECT_EQ(labels.at("nvidia.com/cuda.driver.major"), "580");
+  EXPECT_EQ(labels.at("nvidia.com/cuda.runtime-version.major"), "13");
+  EXPECT_EQ(labels.at("nvidia.com/gfd.timestamp"), "1700000000");
+  // Renamed: the product keeps its name. Not shared: replicas 1, strategy none.
+  labels = gpu_labels(t4, parse_plugin_config(read_text(example("nvidia-time-slicing-renamed.yaml")), "r"), 0);
+  EXPECT_EQ(labels.at("nvidia.com/gpu.product"), "Tesla-T4");
+  labels = gpu_labels(t4, default_plugin_config(), 0);
+  EXPECT_EQ(labels.at("nvidia.com/gpu.replicas"), "1");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.sharing-strategy"), "none");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.sharing"), "none");
+  labels = gpu_labels(t4, parse_plugin_config(read_text(example("tessera-slices.yaml")), "s"), 0);
+  EXPECT_EQ(labels.at("nvidia.com/gpu.sharing"), "slices");
+  EXPECT_EQ(labels.at("nvidia.com/gpu.product"), "Tesla-T4-SHARED");
+  // Every value is one Kubernetes takes.
+  Inventory odd = machine(1, "  NVIDIA (R) Weird/GPU  Model++ ");
+  odd.driver_version = "580.65.06 (beta)";
+  for (const auto& [key, value] : gpu_labels(odd, shared, 0)) {
+    EXPECT_LE(value.size(), 63u) << key;
+    for (const char c : value) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') << key << "=" << value;
+  }
+  EXPECT_EQ(product_name("  NVIDIA (R) Weird/GPU  Model++ "), "NVIDIA-R-WeirdGPU-Model");
+}
+
+TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
+  const Inventory four = machine(4);
+  HealthBoard health(4);
+  health.record_error(3, "XID 79", HealthBoard::Clock::now());
+  const PluginConfig config = parse_plugin_config(read_text(example("tessera-partly-shared.yaml")), "p");
+  const nlohmann::json annotation =
+      gpus_annotation(four, build_resource_map(four, config), health, config.strategy());
+  ASSERT_EQ(annotation["gpus"].size(), 4u);
+  EXPECT_EQ(annotation["gpus"][0]["sharing"], "slices");
+  EXPECT_EQ(annotation["gpus"][0]["slices"], 4);
+  EXPECT_EQ(annotation["gpus"][2]["sharing"], "none");
+  EXPECT_EQ(annotation["gpus"][3]["healthy"], false);
+  // The scheduler reads it: slices on GPUs 0 and 1, GPUs 2 and 3 whole-GPU pods only.
+  nlohmann::json node = {{"metadata", {{"name", "gpu-a"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
+                         {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "256Gi"}}}}}};
+  extender::NodeInfo info = extender::node_from_json(node);
+  EXPECT_EQ(info.spec.gpus, 4);
+  EXPECT_EQ(info.spec.whole_only_gpus, 0b1100);
+  EXPECT_EQ(info.gpu_uuids, (std::vector<std::string>{uuid(0), uuid(1), uuid(2), uuid(3)}));
+  sched::Cluster cluster({info.spec});
+  sched::Request half;
+  half.gpus = 1;
+  half.gpu_milli = 500;
+  for (int i = 0; i < 4; ++i) {
+    std::mt19937_64 random(1);
+    const sched::Placement placement = cluster.place(half, sched::Policy::fgd, random);
+    ASSERT_EQ(placement.node, 0) << "half GPU " << i;
+    EXPECT_LT(placement.gpu_index[0], 2) << "a fractional pod on a GPU served whole";
+    cluster.allocate(half, placement);
+  }
+  std::mt19937_64 random(1);
+  EXPECT_EQ(cluster.place(half, sched::Policy::fgd, random).node, -1);  // the whole GPUs refuse it
+  sched::Request whole;
+  whole.gpus = 2;
+  whole.gpu_milli = 1000;
+  EXPECT_EQ(cluster.place(whole, sched::Policy::fgd, random).node, 0);
+  // Time-sliced GPUs are the kubelet's to count: the scheduler leaves them out.
+  const PluginConfig sliced_time = parse_plugin_config(read_text(example("seed-any.yaml")), "any");
+  node["metadata"]["annotations"][kGpusAnnotation] =
+      gpus_annotation(four, build_resource_map(four, sliced_time), health, sliced_time.strategy()).dump();
+  EXPECT_EQ(extender::node_from_json(node).spec.gpus, 0);
+}
+
+TEST(NodeHealth, WhatMakesAGpuUnhealthyFollowsNvidiasListsAndVariables) {
+  const HealthSettings defaults;
+  HealthPolicy policy = health_policy(defaults, nullptr, nullptr, std::chrono::seconds(60));
+  EXPECT_TRUE(policy.critical(abi::nvmlEventTypeXidCriticalError, 79));
+  for (const std::uint64_t xid : {13, 31, 43, 45, 68, 109}) {
+    EXPECT_FALSE(policy.critical(abi::nvmlEventTypeXidCriticalError, xid)) << xid;
+  }
+  EXPECT_TRUE(policy.critical(abi::nvmlEventTypeDoubleBitEccError, 0));
+  EXPECT_FALSE(policy.critical(abi::nvmlEventTypeSingleBitEccError, 0));  // corrected
+  EXPECT_FALSE(health_policy(defaults, "all", nullptr, {}).critical(abi::nvmlEventTypeXidCriticalError, 79));
+  EXPECT_FALSE(health_policy(defaults, "xids", nullptr, {}).enabled);
+  policy = health_policy(defaults, "79, 94,banana", nullptr, {});
+  EXPECT_FALSE(policy.critical(abi::nvmlEventTypeXidCriticalError, 79));
+  EXPECT_FALSE(policy.critical(abi::nvmlEventTypeXidCriticalError, 94));
+  EXPECT_TRUE(policy.critical(abi::nvmlEventTypeXidCriticalError, 48));
+  EXPECT_EQ(policy.notes.size(), 1u);  // banana, said
+  EXPECT_TRUE(health_policy(defaults, nullptr, "13", {}).critical(abi::nvmlEventTypeXidCriticalError, 13));
+  EXPECT_TRUE(health_policy(defaults, nullptr, "all", {}).critical(abi::nvmlEventTypeXidCriticalError, 31));
+  // NVIDIA's health section.
+  const PluginConfig only = parse_plugin_config("health: {criticalXIDs: [79, 48], ignoredXIDs: [13]}", "h");
+  policy = health_policy(only.health, nullptr, nullptr, {});
+  EXPECT_TRUE(policy.critical(abi::nvmlEventTypeXidCriticalError, 79));
+  EXPECT_FALSE(policy.critical(abi::nvmlEventTypeXidCriticalError, 92));
+  EXPECT_FALSE(health_policy(parse_plugin_config("health: {disabled: true}", "d").health, nullptr, nullptr, {})
+                   .critical(abi::nvmlEventTypeXidCriticalError, 79));
+
+  // The board: one error makes a GPU unhealthy; quiet for the period, it recovers.
+  HealthBoard board(2);
+  const auto start = HealthBoard::Clock::now();
+  EXPECT_TRUE(board.record_error(1, "XID 79", start));
+  EXPECT_FALSE(board.record_error(1, "XID 79", start + std::chrono::seconds(5)));  // still down
+  EXPECT_TRUE(board.healthy(0));
+  EXPECT_FALSE(board.recover(std::chrono::seconds(10), start + std::chrono::seconds(14)));
+  EXPECT_TRUE(board.recover(std::chrono::seconds(10), start + std::chrono::seconds(15)));
+  EXPECT_TRUE(board.healthy(1));
+  EXPECT_EQ(board.errors(1), 2u);
+  EXPECT_TRUE(board.record_error(-1, "event wait failed", start));  // every GPU
+  EXPECT_FALSE(board.healthy(0));
+  EXPECT_FALSE(board.recover(std::chrono::seconds(0), start + std::chrono::hours(1)));  // 0: never
+}
+
+}  // namespace
+}  // namespace tessera::test
