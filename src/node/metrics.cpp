@@ -45,8 +45,7 @@ struct Group {
   std::string damage;
 };
 
-std::vector<Group> read_groups(const std::string& root, const Inventory& inventory,
-                               const std::string& hostname) {
+std::vector<Group> read_groups(const std::string& root, const Inventory& inventory) {
   std::vector<Group> groups;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(root, error)) {
@@ -72,9 +71,9 @@ std::vector<Group> read_groups(const std::string& root, const Inventory& invento
         }
       }
     }
-    group.labels = fmt::format("namespace=\"{}\",pod=\"{}\",container=\"{}\",Hostname=\"{}\"",
+    group.labels = fmt::format("namespace=\"{}\",pod=\"{}\",container=\"{}\"",
                                metric_label(field("namespace")), metric_label(field("pod")),
-                               metric_label(field("container")), metric_label(hostname));
+                               metric_label(field("container")));
     ledger::Ledger ledger;
     ErrorText refused;
     const std::string path = (entry.path() / "group.ledger").string();
@@ -188,7 +187,8 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
                 1);
   }
 
-  const std::vector<Group> groups = read_groups(ledger_root_, inventory, status.hostname);
+  const std::vector<Group> groups = read_groups(ledger_root_, inventory);
+  const std::string host = fmt::format(",Hostname=\"{}\"", metric_label(status.hostname));
   const std::uint64_t now = monotonic_ns();
   std::lock_guard<std::mutex> locked(mutex_);
   std::map<std::string, Sample> current;
@@ -198,12 +198,12 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
       priority_text, members_text, damaged_text;
   for (const Group& group : groups) {
     if (!group.damage.empty()) {
-      damaged_text += fmt::format("tessera_container_ledger_damaged{{{}}} 1\n", group.labels);
+      damaged_text += fmt::format("tessera_container_ledger_damaged{{{}{}}} 1\n", group.labels, host);
       continue;
     }
-    members_text += fmt::format("tessera_container_processes{{{}}} {}\n", group.labels, group.members);
-    priority_text += fmt::format("tessera_container_priority{{{},priority=\"{}\"}} 1\n", group.labels,
-                                 priority_name(group.priority));
+    members_text += fmt::format("tessera_container_processes{{{}{}}} {}\n", group.labels, host, group.members);
+    priority_text += fmt::format("tessera_container_priority{{{}{},priority=\"{}\"}} 1\n", group.labels,
+                                 host, priority_name(group.priority));
     for (std::size_t i = 0; i < group.usage.size(); ++i) {
       const ledger::DeviceUsage& usage = group.usage[i];
       const std::string labels = group.labels + "," + gpu_labels(group.gpus[i]);

@@ -336,6 +336,14 @@ int SliceAllocator::collect(const std::set<std::string>& live_pod_uids) const {
     const std::string name = entry.path().filename().string();
     const std::string uid = name.substr(0, name.find('_'));
     if (live_pod_uids.count(uid) > 0) continue;
+    // A slice given without a pod to name it belongs to a container that may still be
+    // starting (an image pull takes minutes): its ledger stays a day.
+    std::error_code age_error;
+    const auto written = fs::last_write_time(entry.path(), age_error);
+    if (name.rfind("default-", 0) == 0 &&
+        (age_error || fs::file_time_type::clock::now() - written < std::chrono::hours(24))) {
+      continue;
+    }
     ledger::Ledger ledger;
     ErrorText ignored;
     const std::string path = entry.path().string() + "/group.ledger";

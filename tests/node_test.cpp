@@ -1,0 +1,548 @@
+// tessera node as the kubelet meets it: the real binary on the simulated GPU, driven by the
+// test kubelet over gRPC (registration, ListAndWatch, GetPreferredAllocation, Allocate,
+// PreStartContainer), with device events raised from outside (tessera simgpu event), configs
+// edited under it, and the fake API server for labels, config choice and slices.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "fake_cluster.h"
+#include "ledger/ledger.h"
+#include "support.h"
+#include "test_kubelet.h"
+
+namespace tessera::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr const char* kTwoGpus = "H100,context=0,numa=0;H100,context=0,numa=1";
+
+std::string uuid(int index) {
+  char text[48];
+  std::snprintf(text, sizeof text, "GPU-7e55e7a0-0000-4000-8000-%012x", index);
+  return text;
+}
+
+std::string example(const std::string& name) {
+  return std::string(TESSERA_SOURCE_DIR) + "/examples/node-configs/" + name;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream input(path);
+  return std::string((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());
+}
+
+// Replaces a file at once, as kubectl's ConfigMap update or an editor's save does.
+void write_config(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  std::ofstream(temporary) << text;
+  fs::rename(temporary, path);
+}
+
+std::string replicas_config(int replicas, const std::string& extra = "") {
+  return "version: v1\nsharing:\n  timeSlicing:\n" + extra +
+         "    resources:\n    - name: nvidia.com/gpu\n      replicas: " + std::to_string(replicas) + "\n";
+}
+
+// A tessera node process on a private simulated machine; its log goes to a file.
+class NodeProcess {
+ public:
+  NodeProcess(const ScratchDirectory& scratch, const std::vector<std::string>& extra,
+              const Environment& environment)
+      : log_(scratch.file("node.log")) {
+    std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>\"$TESSERA_TEST_LOG\"",
+                                     tessera(), "node", "--node-name", "gpu-node",
+                                     "--device-plugin-dir", scratch.file("dp"), "--state-dir",
+                                     scratch.file("state"), "--metrics-listen", "127.0.0.1:0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    Environment env = environment;
+    env["TESSERA_TEST_LOG"] = log_;
+    process_ = std::make_unique<Running>(argv, env);
+    started_ = process_->read_line() == "tessera node: serving";
+    std::smatch port;
+    const std::string text = log();
+    if (std::regex_search(text, port, std::regex("metrics on http://127.0.0.1:([0-9]+)/metrics"))) {
+      metrics_port_ = std::stoi(port[1]);
+    }
+  }
+  ~NodeProcess() { stop(); }
+  bool started() const { return started_; }
+  std::string log() const { return read_text(log_); }
+  // Stops it as the kubelet's SIGTERM does; its exit status.
+  int stop() {
+    if (stopped_) return status_;
+    stopped_ = true;
+    kill(process_->pid(), SIGTERM);
+    status_ = process_->wait();
+    return status_;
+  }
+  std::string metrics() const {
+    httplib::Client client("127.0.0.1", metrics_port_);
+    const auto answer = client.Get("/metrics");
+    return answer && answer->status == 200 ? answer->body : std::string();
+  }
+  // The value of one sample (its name and labels as written), or -1.
+  double metric(const std::string& sample) const {
+    const std::string text = metrics();
+    const std::size_t at = text.find("\n" + sample + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(text.substr(at + sample.size() + 2));
+  }
+
+ private:
+  std::string log_;
+  std::unique_ptr<Running> process_;
+  bool started_ = false, stopped_ = false;
+  int status_ = -1;
+  int metrics_port_ = 0;
+};
+
+Environment machine(const ScratchDirectory& scratch, const std::string& devices = kTwoGpus,
+                    const Environment& extra = {}) {
+  Environment env = unhooked(scratch, {{"TESSERA_SIM_DEVICES", devices}});
+  for (const auto& [key, value] : extra) env[key] = value;
+  return env;
+}
+
+void raise_event(const Environment& env, int device, const std::vector<std::string>& event) {
+  std::vector<std::string> argv = {tessera(), "simgpu", "event", "--device", std::to_string(device)};
+  argv.insert(argv.end(), event.begin(), event.end());
+  const Finished done = run(argv, env);
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+}
+
+std::set<std::string> ids_of(const TestKubelet::Devices& devices) {
+  std::set<std::string> ids;
+  for (const auto& [id, state] : devices) ids.insert(id);
+  return ids;
+}
+
+std::set<std::string> replica_ids(const std::vector<int>& gpus, int replicas) {
+  std::set<std::string> ids;
+  for (const int gpu : gpus) {
+    for (int i = 0; i < replicas; ++i) ids.insert(uuid(gpu) + "::" + std::to_string(i));
+  }
+  return ids;
+}
+
+auto has_ids(const std::set<std::string>& wanted) {
+  return [wanted](const TestKubelet::Devices& devices) { return ids_of(devices) == wanted; };
+}
+
+TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  NodeProcess node(scratch, {}, machine(scratch));
+  ASSERT_TRUE(node.started()) << node.log();
+  TestKubelet::Devices devices;
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids({uuid(0), uuid(1)}), 10s, &devices))
+      << node.log();
+  EXPECT_EQ(devices.at(uuid(0)).health, "Healthy");
+  EXPECT_EQ(devices.at(uuid(0)).numa_nodes, std::vector<std::int64_t>{0});
+  EXPECT_EQ(devices.at(uuid(1)).numa_nodes, std::vector<std::int64_t>{1});
+  const auto registrations = kubelet.registrations();
+  ASSERT_EQ(registrations.size(), 1u);
+  EXPECT_EQ(registrations[0].version, "v1beta1");
+  EXPECT_EQ(registrations[0].endpoint, "tessera-gpu.sock");
+  EXPECT_TRUE(registrations[0].preferred_allocation);
+  v1beta1::DevicePluginOptions options;
+  ASSERT_TRUE(kubelet.options("nvidia.com/gpu", options).ok());
+  EXPECT_TRUE(options.get_preferred_allocation_available());
+
+  v1beta1::AllocateResponse response;
+  ASSERT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(1)}, {uuid(0), uuid(1)}}, response).ok());
+  ASSERT_EQ(response.container_responses_size(), 2);
+  EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), uuid(1));
+  EXPECT_EQ(response.container_responses(1).envs().at("NVIDIA_VISIBLE_DEVICES"), uuid(0) + "," + uuid(1));
+  EXPECT_TRUE(kubelet.pre_start("nvidia.com/gpu", {uuid(1)}).ok());
+  const grpc::Status unknown = kubelet.allocate("nvidia.com/gpu", {{"GPU-forged"}}, response);
+  EXPECT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.error_message(), "invalid allocation request for 'nvidia.com/gpu': unknown device: GPU-forged");
+  EXPECT_EQ(node.metric("tessera_allocations_total{resource=\"nvidia.com/gpu\"}"), 2);
+  EXPECT_EQ(node.metric("tessera_allocation_refusals_total{resource=\"nvidia.com/gpu\"}"), 1);
+  EXPECT_EQ(node.stop(), 0);
+  EXPECT_FALSE(fs::exists(scratch.file("dp/tessera-gpu.sock")));  // its socket goes with it
+}
+
+TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-any.yaml"));
+  {
+    NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
+    ASSERT_TRUE(node.started()) << node.log();
+    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+    // Distributed: two replicas go to two GPUs; one of them allocated already moves the next.
+    std::vector<std::string> chosen;
+    const auto all = replica_ids({0, 1}, 4);
+    ASSERT_TRUE(kubelet.preferred("nvidia.com/gpu", {all.begin(), all.end()}, {}, 2, chosen).ok());
+    ASSERT_EQ(chosen.size(), 2u);
+    EXPECT_NE(chosen[0].substr(0, 40), chosen[1].substr(0, 40));
+    // Two replicas of one GPU: the container sees that GPU once.
+    v1beta1::AllocateResponse response;
+    ASSERT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::1", uuid(0) + "::3"}}, response).ok());
+    EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), uuid(0));
+  }
+  kubelet.restart();  // a fresh kubelet for the next config
+  std::ofstream(scratch.file("config.yaml"), std::ios::trunc) << read_text(example("nvidia-time-slicing-renamed.yaml"));
+  {
+    NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
+    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu.shared", has_ids(replica_ids({0, 1}, 10)), 10s)) << node.log();
+    EXPECT_EQ(kubelet.resources(), std::vector<std::string>{"nvidia.com/gpu.shared"});
+    const auto registrations = kubelet.registrations();
+    EXPECT_EQ(registrations.back().endpoint, "tessera-gpu.shared.sock");
+  }
+  kubelet.restart();
+  std::ofstream(scratch.file("config.yaml"), std::ios::trunc) << read_text(example("nvidia-fail-requests.yaml"));
+  {
+    NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
+    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 10)), 10s)) << node.log();
+    v1beta1::AllocateResponse response;
+    const grpc::Status refused = kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::0", uuid(1) + "::0"}}, response);
+    EXPECT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error_message(), "invalid request: maximum request size for shared resources is 1; found 2");
+    EXPECT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(1) + "::7"}}, response).ok());
+  }
+}
+
+TEST(Node, EveryExampleConfigIsServedAndAnInvalidOneStopsTheStartWithNvidiasMessage) {
+  for (const auto& entry : fs::directory_iterator(example(""))) {
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".yaml" || name == "nvidia-mps.yaml") continue;
+    SCOPED_TRACE(name);
+    ScratchDirectory scratch;
+    TestKubelet kubelet(scratch.file("dp"));
+    NodeProcess node(scratch, {"--config-file", entry.path().string()}, machine(scratch));
+    ASSERT_TRUE(node.started()) << node.log();
+    const std::string resource = name.find("renamed") != std::string::npos ? "nvidia.com/gpu.shared" : "nvidia.com/gpu";
+    ASSERT_TRUE(kubelet.wait_for_devices(resource, [](const auto& devices) { return !devices.empty(); }, 10s))
+        << node.log();
+  }
+  ScratchDirectory scratch;
+  std::ofstream(scratch.file("config.yaml")) << "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+                                                "    - name: nvidia.com/gpu\n      replicas: 1\n";
+  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
+  EXPECT_FALSE(node.started());
+  EXPECT_EQ(node.stop(), 1);
+  EXPECT_NE(node.log().find(scratch.file("config.yaml") +
+                            ": sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2"),
+            std::string::npos)
+      << node.log();
+}
+
+TEST(Node, AKubeletRestartIsFollowedByRegistrationWithinASecond) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-any.yaml"));
+  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  for (int restart = 0; restart < 3; ++restart) {
+    const auto before = Clock::now();
+    kubelet.restart();
+    TestKubelet::Registration registration;
+    ASSERT_TRUE(kubelet.wait_for_registration("nvidia.com/gpu", before, 1s, &registration))
+        << "restart " << restart << "\n" << node.log();
+    EXPECT_LT(registration.at - before, 1s);
+    // Served again on a new socket: the kubelet lists and allocates as before.
+    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 5s));
+    v1beta1::AllocateResponse response;
+    EXPECT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(1) + "::2"}}, response).ok());
+  }
+}
+
+TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheLastGood) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  write_config(scratch.file("config.yaml"), replicas_config(4));
+  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+
+  // A stream of Allocate calls, as pods keep starting, for a device every config here has.
+  std::atomic<bool> done{false};
+  std::atomic<int> calls{0}, failures{0};
+  std::string first_failure;
+  std::thread allocating([&] {
+    while (!done) {
+      v1beta1::AllocateResponse response;
+      const grpc::Status status = kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::1"}}, response);
+      ++calls;
+      if (!status.ok() && failures++ == 0) first_failure = status.error_message();
+    }
+  });
+  // Each change is made while calls keep coming, and calls still come after it is applied.
+  auto calls_continue = [&] {
+    const int from = calls.load();
+    const auto until = Clock::now() + 10s;
+    while (calls.load() < from + 5 && Clock::now() < until) std::this_thread::yield();
+    return calls.load() >= from + 5;
+  };
+  const double generation = node.metric("tessera_config_generation");
+  ASSERT_TRUE(calls_continue());
+  write_config(scratch.file("config.yaml"), replicas_config(8));
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 8)), 10s)) << node.log();
+  EXPECT_TRUE(calls_continue());
+  write_config(scratch.file("config.yaml"), replicas_config(2, "    failRequestsGreaterThanOne: true\n"));
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 2)), 10s)) << node.log();
+  EXPECT_TRUE(calls_continue());
+  // Refused: an unknown field. The last good config keeps serving.
+  write_config(scratch.file("config.yaml"), replicas_config(3) + "    replicasPerGpu: 6\n");
+  const auto refused_by = Clock::now() + 10s;
+  while (node.metric("tessera_config_reload_errors_total") < 1 && Clock::now() < refused_by) {
+    std::this_thread::sleep_for(50ms);  // polling the agent's own counter, not standing in for it
+  }
+  EXPECT_EQ(node.metric("tessera_config_reload_errors_total"), 1) << node.log();
+  EXPECT_EQ(ids_of(kubelet.devices("nvidia.com/gpu")), replica_ids({0, 1}, 2));
+  EXPECT_TRUE(calls_continue());
+  write_config(scratch.file("config.yaml"), replicas_config(6));
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 6)), 10s)) << node.log();
+  EXPECT_TRUE(calls_continue());
+  done = true;
+  allocating.join();
+  EXPECT_EQ(failures.load(), 0) << "first failure: " << first_failure;
+  EXPECT_EQ(node.metric("tessera_config_generation"), generation + 3);
+  // One registration only: every change went out on the open ListAndWatch stream.
+  EXPECT_EQ(kubelet.registrations().size(), 1u);
+  const std::string log = node.log();
+  EXPECT_NE(log.find("config refused, the last good one keeps serving: " + scratch.file("config.yaml") +
+                     ": sharing.timeSlicing.replicasPerGpu: unknown field"),
+            std::string::npos)
+      << log;
+}
+
+TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-any.yaml"));
+  const Environment env = machine(scratch, kTwoGpus, {{"DP_DISABLE_HEALTHCHECKS", "94"}});
+  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml"), "--recovery-period", "2"}, env);
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  auto health_of = [](const TestKubelet::Devices& devices, int gpu) {
+    std::set<std::string> health;
+    for (const auto& [id, state] : devices) {
+      if (id.rfind(uuid(gpu), 0) == 0) health.insert(state.health);
+    }
+    return health;
+  };
+  // Application XIDs (NVIDIA's list) and one this node ignores change nothing: they come first,
+  // and the critical one after them finds GPU 0 healthy.
+  raise_event(env, 0, {"--xid", "13"});
+  raise_event(env, 0, {"--xid", "94"});
+  raise_event(env, 0, {"--ecc", "single"});
+  const auto raised = Clock::now();
+  raise_event(env, 1, {"--xid", "79"});
+  TestKubelet::Devices seen;
+  ASSERT_TRUE(kubelet.wait_for_devices(
+      "nvidia.com/gpu", [&](const auto& devices) { return health_of(devices, 1) == std::set<std::string>{"Unhealthy"}; },
+      1s, &seen))
+      << node.log();
+  EXPECT_LT(Clock::now() - raised, 1s);
+  EXPECT_EQ(health_of(seen, 0), std::set<std::string>{"Healthy"});
+  EXPECT_EQ(node.metric("tessera_gpu_healthy{gpu=\"1\",UUID=\"" + uuid(1) +
+                        "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
+            0);
+  EXPECT_EQ(node.metric("tessera_xid_events_total{xid=\"13\",Hostname=\"gpu-node\"}"), 1);
+  // Quiet for the recovery period (2 s): healthy again, every replica.
+  ASSERT_TRUE(kubelet.wait_for_devices(
+      "nvidia.com/gpu", [&](const auto& devices) { return health_of(devices, 1) == std::set<std::string>{"Healthy"}; },
+      10s))
+      << node.log();
+  EXPECT_GE(Clock::now() - raised, 2s);
+  // An uncorrectable ECC error is as bad as a critical XID.
+  raise_event(env, 0, {"--ecc", "double"});
+  EXPECT_TRUE(kubelet.wait_for_devices(
+      "nvidia.com/gpu", [&](const auto& devices) { return health_of(devices, 0) == std::set<std::string>{"Unhealthy"}; },
+      1s))
+      << node.log();
+}
+
+TEST(Node, WithoutAnApiServerItServesFromTheConfigAndSaysOnceWhatNeedsOne) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  fs::create_directory(scratch.file("features.d"));
+  std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-tesla-t4.yaml"));
+  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml"), "--features-dir", scratch.file("features.d")},
+                   machine(scratch, "T4,context=0;T4,context=0;T4,context=0;T4,context=0"));
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1, 2, 3}, 4)), 10s)) << node.log();
+  // The features file is written when the config is applied, before the plugins register.
+  const std::string features = read_text(scratch.file("features.d/tessera-gpu"));
+  for (const char* label : {"nvidia.com/gpu.count=4\n", "nvidia.com/gpu.product=Tesla-T4-SHARED\n",
+                            "nvidia.com/gpu.replicas=4\n", "nvidia.com/gpu.sharing=timeslice\n"}) {
+    EXPECT_NE(features.find(label), std::string::npos) << label << " not in\n" << features;
+  }
+  const std::string log = node.log();
+  const std::string said = "no API server: serving the kubelet from the config alone";
+  EXPECT_NE(log.find(said), std::string::npos) << log;
+  EXPECT_EQ(log.find(said), log.rfind(said));  // once
+}
+
+TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
+  ScratchDirectory scratch;
+  FakeCluster cluster;
+  cluster.put("nodes", cluster_node("gpu-node"));
+  TestKubelet kubelet(scratch.file("dp"));
+  fs::create_directory(scratch.file("configs"));
+  std::ofstream(scratch.file("configs/any")) << replicas_config(4);
+  std::ofstream(scratch.file("configs/small")) << replicas_config(2);
+  NodeProcess node(scratch,
+                   {"--config-dir", scratch.file("configs"), "--config", "any", "--api-server", cluster.url()},
+                   machine(scratch));
+  ASSERT_TRUE(node.started()) << node.log();
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  auto label = [](const char* key, const std::string& value) {
+    return [key, value](const nlohmann::json& object) {
+      return object["metadata"]["labels"].value(key, std::string()) == value;
+    };
+  };
+  ASSERT_TRUE(cluster.wait_for("nodes", "gpu-node", label("nvidia.com/gpu.replicas", "4"), 10s)) << node.log();
+  const nlohmann::json labelled = *cluster.get("nodes", "gpu-node");
+  EXPECT_EQ(labelled["metadata"]["labels"]["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-SHARED");
+  EXPECT_EQ(labelled["metadata"]["labels"]["nvidia.com/gpu.sharing"], "timeslice");
+  EXPECT_EQ(labelled["metadata"]["annotations"]["tessera.io/config"], "any");
+  const nlohmann::json gpus = nlohmann::json::parse(labelled["metadata"]["annotations"]["tessera.io/gpus"].get<std::string>());
+  ASSERT_EQ(gpus["gpus"].size(), 2u);
+  EXPECT_EQ(gpus["gpus"][1]["uuid"], uuid(1));
+  EXPECT_EQ(gpus["gpus"][1]["sharing"], "timeslice");
+
+  // The label NVIDIA's plugin reads chooses the config, live.
+  cluster.patch("nodes", "gpu-node", {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", "small"}}}}}});
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 2)), 10s)) << node.log();
+  EXPECT_TRUE(cluster.wait_for("nodes", "gpu-node", label("nvidia.com/gpu.replicas", "2"), 10s));
+  // A label naming no config: refused, shown on the node, the last good config serving.
+  cluster.patch("nodes", "gpu-node", {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", "a100-80gb"}}}}}});
+  ASSERT_TRUE(cluster.wait_for("nodes", "gpu-node", [](const nlohmann::json& object) {
+    return object["metadata"]["annotations"].value("tessera.io/config-error", std::string()).find("a100-80gb") !=
+           std::string::npos;
+  }, 10s)) << node.log();
+  EXPECT_EQ(ids_of(kubelet.devices("nvidia.com/gpu")), replica_ids({0, 1}, 2));
+  cluster.patch("nodes", "gpu-node", {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", nullptr}}}}}});
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  EXPECT_TRUE(cluster.wait_for("nodes", "gpu-node", [](const nlohmann::json& object) {
+    return !object["metadata"]["annotations"].contains("tessera.io/config-error");
+  }, 10s));
+}
+
+// What a container runtime would do with an Allocate answer, for a process on this machine:
+// the environment, with container paths the mounts map read at their host paths, the hook
+// preloaded (as /etc/ld.so.preload would), and the GPUs NVIDIA_VISIBLE_DEVICES names.
+Environment container_environment(const v1beta1::ContainerAllocateResponse& answer, const Environment& host) {
+  Environment env = host;
+  std::map<std::string, std::string> mounts;
+  for (const auto& mount : answer.mounts()) mounts[mount.container_path()] = mount.host_path();
+  for (const auto& [name, value] : answer.envs()) {
+    std::string mapped = value;
+    for (const auto& [inside, outside] : mounts) {
+      if (value.rfind(inside + "/", 0) == 0) mapped = outside + value.substr(inside.size());
+    }
+    env[name] = mapped;
+  }
+  env["LD_PRELOAD"] = mounts.at("/usr/local/lib/tessera/libtessera-cuda.so");
+  env["CUDA_VISIBLE_DEVICES"] = answer.envs().at("NVIDIA_VISIBLE_DEVICES");
+  return env;
+}
+
+TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
+  ScratchDirectory scratch;
+  FakeCluster cluster;
+  cluster.put("nodes", cluster_node("gpu-node"));
+  TestKubelet kubelet(scratch.file("dp"));
+  std::ofstream(scratch.file("config.yaml")) << read_text(example("tessera-slices.yaml"));
+  const Environment env = machine(scratch);
+  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml"), "--api-server", cluster.url()}, env);
+  ASSERT_TRUE(node.started()) << node.log();
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  ASSERT_TRUE(cluster.wait_for("nodes", "gpu-node", [](const nlohmann::json& object) {
+    return object["metadata"]["annotations"].contains("tessera.io/gpus");
+  }, 10s));
+
+  // The scheduler, as kube-scheduler calls it: filter, then bind, reading the node the agent annotated.
+  Running scheduler({tessera(), "scheduler", "--listen", "127.0.0.1:0", "--api-server", cluster.url()}, env);
+  std::smatch listening;
+  const std::string line = scheduler.read_line();
+  ASSERT_TRUE(std::regex_search(line, listening, std::regex(":([0-9]+)$"))) << line;
+  httplib::Client extender("127.0.0.1", std::stoi(listening[1]));
+  // Three pods of different sizes at once.
+  const std::vector<std::pair<int, int>> asks = {{2048, 30}, {4096, 0}, {6144, 50}};
+  for (std::size_t i = 0; i < asks.size(); ++i) {
+    const std::string name = "slice-" + std::to_string(i);
+    cluster.put("pods", gpu_pod(name, 1, asks[i].first, asks[i].second));
+    const nlohmann::json pod = *cluster.get("pods", "default/" + name);
+    const nlohmann::json args{{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", {"gpu-node"}}};
+    const auto filtered = extender.Post("/filter", args.dump(), "application/json");
+    ASSERT_TRUE(filtered && filtered->status == 200);
+    ASSERT_EQ(nlohmann::json::parse(filtered->body)["NodeNames"], nlohmann::json({"gpu-node"})) << filtered->body;
+    const nlohmann::json bind{{"PodName", name}, {"PodNamespace", "default"},
+                              {"PodUID", pod["metadata"]["uid"]}, {"Node", "gpu-node"}};
+    const auto bound = extender.Post("/bind", bind.dump(), "application/json");
+    ASSERT_TRUE(bound && bound->status == 200 && nlohmann::json::parse(bound->body)["Error"] == "") << bound->body;
+  }
+  // The kubelet admits them: three Allocates at once, one slice each.
+  std::vector<v1beta1::AllocateResponse> answers(asks.size());
+  std::vector<grpc::Status> statuses(asks.size());
+  std::vector<std::thread> admitting;
+  for (std::size_t i = 0; i < asks.size(); ++i) {
+    admitting.emplace_back([&, i] {
+      statuses[i] = kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::" + std::to_string(i)}}, answers[i]);
+    });
+  }
+  for (std::thread& thread : admitting) thread.join();
+  std::set<std::string> limits;
+  for (std::size_t i = 0; i < asks.size(); ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message() << "\n" << node.log();
+    limits.insert(answers[i].container_responses(0).envs().at("TESSERA_MEMORY_LIMIT"));
+  }
+  // Each pod was given its own slice once: three different limits, each a pod's.
+  EXPECT_EQ(limits, (std::set<std::string>{"0=" + std::to_string(2048ull << 20), "0=" + std::to_string(4096ull << 20),
+                                            "0=" + std::to_string(6144ull << 20)}));
+  for (std::size_t i = 0; i < asks.size(); ++i) {
+    const nlohmann::json pod = *cluster.get("pods", "default/slice-" + std::to_string(i));
+    EXPECT_EQ(pod["metadata"]["annotations"].value("tessera.io/allocated", std::string()), "main");
+  }
+
+  // The 6 GiB, 50 % pod's container: its process sees 6 GiB and is refused past it.
+  const auto big = std::find_if(answers.begin(), answers.end(), [](const auto& answer) {
+    return answer.container_responses(0).envs().at("TESSERA_MEMORY_LIMIT") == "0=" + std::to_string(6144ull << 20);
+  });
+  const v1beta1::ContainerAllocateResponse& container = big->container_responses(0);
+  EXPECT_EQ(container.envs().at("TESSERA_CORE_LIMIT"), "0=50");
+  EXPECT_EQ(container.envs().at("CUDA_DEVICE_MEMORY_LIMIT_0"), "6144m");
+  EXPECT_EQ(container.envs().at("CUDA_DEVICE_SM_LIMIT_0"), "50");
+  const Environment inside = container_environment(container, env);
+  const Finished filled = run({worker(), "fill", std::to_string(64ull << 20)}, inside);
+  ASSERT_EQ(filled.exit_code, 0) << filled.err;
+  EXPECT_EQ(filled.number("total"), 6144ull << 20);
+  EXPECT_EQ(filled.number("allocated"), 6144ull << 20);
+  EXPECT_EQ(filled.number("error"), 2u);  // CUDA_ERROR_OUT_OF_MEMORY past the limit
+  // Its cores: the ledger the node agent made holds 50 %, and launches are held to it.
+  const Finished saturated = run({worker(), "saturate", "plain", "short@100us", "1.0"}, inside);
+  ASSERT_EQ(saturated.exit_code, 0) << saturated.err;
+  ledger::Ledger ledger;
+  ErrorText error;
+  ASSERT_TRUE(ledger.open(inside.at("TESSERA_LEDGER").c_str(), error)) << error.text;
+  const ledger::DeviceUsage usage = ledger.usage(0);
+  EXPECT_EQ(usage.cores, 50u);
+  EXPECT_EQ(usage.limit, 6144ull << 20);
+  EXPECT_EQ(usage.rejections, 1u);
+  const double seconds = static_cast<double>(saturated.number("end_ns") - saturated.number("begin_ns")) / 1e9;
+  EXPECT_LE(static_cast<double>(usage.device_time_ns) / 1e9, 0.5 * seconds + 0.05)
+      << "device time beyond a 50 % share";
+  EXPECT_EQ(node.metric("tessera_container_memory_limit_bytes{namespace=\"default\",pod=\"slice-2\",container="
+                        "\"main\",gpu=\"0\",UUID=\"" + uuid(0) +
+                        "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
+            static_cast<double>(6144ull << 20))
+      << node.metrics();
+}
+
+}  // namespace
+}  // namespace tessera::test
