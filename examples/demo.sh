@@ -39,3 +39,38 @@ else
   echo "A workload failed: see its output above." >&2
   exit 1
 fi
+
+# The node agent, as a Kubernetes node runs it, serving a test kubelet (real gRPC) on a
+# simulated node of four T4s with the time-slicing article's config for them.
+echo
+echo "== tessera node on a simulated node of four T4s, config tesla-t4 (4 replicas a GPU)"
+node_dir="$TESSERA_RUNTIME_DIR/node"
+mkdir -p "$node_dir"
+export TESSERA_SIMULATE=1 TESSERA_SIM_DEVICES="T4;T4;T4;T4" TESSERA_SIM_STATE="$node_dir/sim"
+"$tessera" node --node-name demo-node --device-plugin-dir "$node_dir/kubelet" \
+  --state-dir "$node_dir/state" --features-dir "$node_dir" \
+  --config-file "$(dirname "$0")/node-configs/seed-tesla-t4.yaml" >/dev/null 2>"$node_dir/log" &
+node_pid=$!
+trap 'kill "$node_pid" 2>/dev/null; rm -rf "$TESSERA_RUNTIME_DIR"' EXIT
+"$build/bin/test-kubelet" "$node_dir/kubelet" nvidia.com/gpu --allocate 1
+echo
+echo "   labels for node-feature-discovery ($node_dir/tessera-gpu):"
+grep -E "gpu\.(count|product|replicas|sharing)=" "$node_dir/tessera-gpu" | sed 's/^/     /'
+echo
+echo "== GPU 2 raises XID 79 (fallen off the bus): every replica of it goes unhealthy"
+"$tessera" simgpu event --device 2 --xid 79
+# A kubelet started now registers the plugin anew, and waits for the devices' health to show.
+listed=$("$build/bin/test-kubelet" "$node_dir/kubelet" nvidia.com/gpu --unhealthy 4)
+echo "$listed" | grep -E "registered|Unhealthy"
+unhealthy=$(echo "$listed" | grep -c Unhealthy || true)
+kill "$node_pid"
+wait "$node_pid" || true
+echo
+echo "   the agent's log:"
+sed 's/^/     /' "$node_dir/log"
+if [ "$unhealthy" = 4 ]; then
+  echo "The node agent served 16 replicas to the kubelet, and all 4 of GPU 2's went unhealthy."
+else
+  echo "The node agent did not mark GPU 2's 4 replicas unhealthy (saw $unhealthy)." >&2
+  exit 1
+fi

@@ -1,9 +1,10 @@
 // test-kubelet: the test kubelet as a program, for the demo and for trying tessera node by
-// hand. It serves kubelet.sock in DIR, waits for RESOURCE to register and list its devices,
-// prints them, then allocates COUNT of them (as the kubelet would, asking the plugin which
-// it prefers) and prints what a container would get.
+// hand. It serves kubelet.sock in DIR, waits for RESOURCE to register and list its devices
+// (with --unhealthy N, until N of them are unhealthy), prints them, then with --allocate N
+// allocates N of them (as the kubelet would, asking the plugin which it prefers) and prints
+// what a container would get.
 //
-//   test-kubelet DIR RESOURCE [COUNT]
+//   test-kubelet DIR RESOURCE [--allocate N] [--unhealthy N]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -12,18 +13,27 @@
 #include "test_kubelet.h"
 
 int main(int argc, char** argv) {
-  if (argc < 3 || argc > 4) {
-    std::fprintf(stderr, "usage: test-kubelet DIR RESOURCE [COUNT]\n");
+  int count = 0, unhealthy = 0;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    const std::string option = argv[i];
+    if (option == "--allocate") count = std::atoi(argv[i + 1]);
+    if (option == "--unhealthy") unhealthy = std::atoi(argv[i + 1]);
+  }
+  if (argc < 3 || argc % 2 == 0) {
+    std::fprintf(stderr, "usage: test-kubelet DIR RESOURCE [--allocate N] [--unhealthy N]\n");
     return 2;
   }
   const std::string resource = argv[2];
-  const int count = argc == 4 ? std::atoi(argv[3]) : 0;
   tessera::test::TestKubelet kubelet(argv[1]);
   tessera::test::TestKubelet::Devices devices;
-  if (!kubelet.wait_for_devices(resource, [](const auto& list) { return !list.empty(); },
-                                std::chrono::seconds(20), &devices)) {
-    std::fprintf(stderr, "test-kubelet: %s did not register and list devices within 20 s\n",
-                 resource.c_str());
+  const auto ready = [unhealthy](const tessera::test::TestKubelet::Devices& list) {
+    int sick = 0;
+    for (const auto& [id, state] : list) sick += state.health != "Healthy";
+    return !list.empty() && sick >= unhealthy;
+  };
+  if (!kubelet.wait_for_devices(resource, ready, std::chrono::seconds(20), &devices)) {
+    std::fprintf(stderr, "test-kubelet: %s did not list devices (%d unhealthy) within 20 s\n",
+                 resource.c_str(), unhealthy);
     return 1;
   }
   std::printf("kubelet: %s registered with %zu devices\n", resource.c_str(), devices.size());
