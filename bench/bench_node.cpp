@@ -41,7 +41,8 @@ double micros(Clock::duration duration) {
 
 double percentile(std::vector<double> values, double fraction) {
   std::sort(values.begin(), values.end());
-  return values[std::min(values.size() - 1, static_cast<std::size_t>(fraction * static_cast<double>(values.size())))];
+  return values[std::min(values.size() - 1,
+                         static_cast<std::size_t>(fraction * static_cast<double>(values.size())))];
 }
 
 // Starts argv with its output discarded (the agent logs every slice it grants).
@@ -82,8 +83,9 @@ struct Row {
 
 void print(const Row& row, double baseline_median) {
   const double median = percentile(row.us, 0.5), p99 = percentile(row.us, 0.99);
-  std::printf("%-34s %6zu calls  p50 %8.1f us  p99 %8.1f us  p50 / baseline %5.2fx\n", row.name.c_str(),
-              row.us.size(), median, p99, baseline_median > 0 ? median / baseline_median : 1.0);
+  std::printf("%-34s %6zu calls  p50 %8.1f us  p99 %8.1f us  p50 / baseline %5.2fx\n",
+              row.name.c_str(), row.us.size(), median, p99,
+              baseline_median > 0 ? median / baseline_median : 1.0);
 }
 
 }  // namespace
@@ -98,27 +100,32 @@ int main(int argc, char** argv) {
   setenv("TESSERA_SIM_STATE", (scratch + "/sim").c_str(), 1);
   setenv("TESSERA_SIM_DEVICES", "H100,context=0;H100,context=0", 1);
   std::ofstream(scratch + "/slices.yaml")
-      << "version: v1\nsharing:\n  slices:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+      << "version: v1\nsharing:\n  slices:\n    resources:\n    - name: nvidia.com/gpu\n      "
+         "replicas: 4\n"
          "      memoryPerSlice: 8GiB\n      coresPerSlice: 25\n";
   std::ofstream(scratch + "/replicas.yaml")
-      << "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
+      << "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      "
+         "replicas: 4\n";
 
-  std::printf("tessera node through the test kubelet (gRPC on a unix socket), %d calls each\n", calls);
+  std::printf("tessera node through the test kubelet (gRPC on a unix socket), %d calls each\n",
+              calls);
   Row baseline{"GetDevicePluginOptions (baseline)", {}};
   std::vector<Row> rows;
   for (const char* mode : {"whole", "replicas", "slices"}) {
     const std::string dp = scratch + "/dp-" + mode;
     TestKubelet kubelet(dp);
-    std::vector<std::string> node = {build + "/bin/tessera", "node", "--node-name", "bench",
-                                     "--device-plugin-dir", dp, "--state-dir", scratch + "/state-" + mode,
-                                     "--recovery-period", "1"};
+    std::vector<std::string> node = {
+        build + "/bin/tessera", "node", "--node-name", "bench",
+        "--device-plugin-dir",  dp,     "--state-dir", scratch + "/state-" + mode,
+        "--recovery-period",    "1"};
     if (std::string(mode) != "whole") {
       node.push_back("--config-file");
       node.push_back(scratch + "/" + mode + ".yaml");
     }
     const pid_t agent = spawn(node);
-    if (!kubelet.wait_for_devices("nvidia.com/gpu", [](const auto& list) { return !list.empty(); },
-                                  std::chrono::seconds(20))) {
+    if (!kubelet.wait_for_devices(
+            "nvidia.com/gpu", [](const auto& list) { return !list.empty(); },
+            std::chrono::seconds(20))) {
       std::fprintf(stderr, "tessera node did not register\n");
       kill(agent, SIGTERM);
       return 1;
@@ -144,9 +151,11 @@ int main(int argc, char** argv) {
     if (std::string(mode) == "replicas") {  // health propagation, on the replicas' node
       Row raise{"raising the XID (baseline)", {}}, propagate{"XID to every replica unhealthy", {}};
       void* nvml = dlopen((build + "/sim/libnvidia-ml.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
-      auto init = reinterpret_cast<int (*)()>(nvml == nullptr ? nullptr : dlsym(nvml, "nvmlInit_v2"));
-      auto raise_event = reinterpret_cast<int (*)(unsigned, unsigned long long, unsigned long long)>(
-          nvml == nullptr ? nullptr : dlsym(nvml, "tesseraSimRaiseEvent"));
+      auto init =
+          reinterpret_cast<int (*)()>(nvml == nullptr ? nullptr : dlsym(nvml, "nvmlInit_v2"));
+      auto raise_event =
+          reinterpret_cast<int (*)(unsigned, unsigned long long, unsigned long long)>(
+              nvml == nullptr ? nullptr : dlsym(nvml, "tesseraSimRaiseEvent"));
       if (init == nullptr || raise_event == nullptr || init() != 0) {
         std::fprintf(stderr, "cannot load the simulated NVML\n");
         return 1;
@@ -156,16 +165,20 @@ int main(int argc, char** argv) {
         auto all = [&](const char* health) {
           return [gpu, health](const TestKubelet::Devices& list) {
             int matching = 0;
-            for (const auto& [device, state] : list) matching += device.rfind(uuid(gpu), 0) == 0 && state.health == health;
+            for (const auto& [device, state] : list)
+              matching += device.rfind(uuid(gpu), 0) == 0 && state.health == health;
             return matching == 4;
           };
         };
         // Healthy again first (recovery after 1 s), then the next XID.
-        if (!kubelet.wait_for_devices("nvidia.com/gpu", all("Healthy"), std::chrono::seconds(30))) return 1;
+        if (!kubelet.wait_for_devices("nvidia.com/gpu", all("Healthy"), std::chrono::seconds(30)))
+          return 1;
         const auto start = Clock::now();
-        if (raise_event(static_cast<unsigned>(gpu), 0x8 /* XID critical error */, 79) != 0) return 1;
+        if (raise_event(static_cast<unsigned>(gpu), 0x8 /* XID critical error */, 79) != 0)
+          return 1;
         raise.us.push_back(micros(Clock::now() - start));
-        if (!kubelet.wait_for_devices("nvidia.com/gpu", all("Unhealthy"), std::chrono::seconds(5))) return 1;
+        if (!kubelet.wait_for_devices("nvidia.com/gpu", all("Unhealthy"), std::chrono::seconds(5)))
+          return 1;
         // When the list arrived, as the test kubelet stamped it.
         propagate.us.push_back(micros(kubelet.updates("nvidia.com/gpu").back().at - start));
       }

@@ -42,15 +42,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const Inventory inventory = machine();
   PluginConfig config;
   try {
-    config = parse_plugin_config(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+    config =
+        parse_plugin_config(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
   } catch (const ConfigError&) {
     return 0;
   }
   for (const SharedResource& resource : config.time_slicing.resources) {
-    if (resource.replicas < 2 || resource.replicas > 1024) broken("time-slicing replicas out of range");
+    if (resource.replicas < 2 || resource.replicas > 1024)
+      broken("time-slicing replicas out of range");
   }
   for (const SharedResource& resource : config.slices.resources) {
-    if (resource.cores_per_slice < 0 || resource.cores_per_slice > 100) broken("slice cores out of range");
+    if (resource.cores_per_slice < 0 || resource.cores_per_slice > 100)
+      broken("slice cores out of range");
   }
   ResourceMap map;
   try {
@@ -60,7 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   std::size_t devices = 0;
   for (const Resource& resource : map.resources) {
-    if (resource.name.size() > 63 || resource.name.rfind("nvidia.com/", 0) != 0) broken("resource name");
+    if (resource.name.size() > 63 || resource.name.rfind("nvidia.com/", 0) != 0)
+      broken("resource name");
     for (const AdvertisedDevice& device : resource.devices) {
       if (device.id.size() > kMostDeviceIdLength) broken("device ID longer than the kubelet takes");
       if (device.gpu < 0 || device.gpu >= 4) broken("device on a GPU the machine lacks");
@@ -71,13 +75,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const auto& [key, value] : gpu_labels(inventory, config, 0)) {
     if (value.size() > 63) broken("label value too long");
     for (const char c : value) {
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') broken("label value");
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
+        broken("label value");
     }
   }
   HealthBoard health(4);
   const nlohmann::json annotation = gpus_annotation(inventory, map, health, config.strategy());
-  nlohmann::json node = {{"metadata", {{"name", "n"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
-                         {"status", {{"allocatable", {{"cpu", "8"}, {"memory", "8Gi"}}}}}};
+  nlohmann::json node = {
+      {"metadata", {{"name", "n"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
+      {"status", {{"allocatable", {{"cpu", "8"}, {"memory", "8Gi"}}}}}};
   try {
     const tessera::extender::NodeInfo info = tessera::extender::node_from_json(node);
     if (info.spec.gpus > 4) broken("the scheduler counts GPUs the node lacks");

@@ -41,7 +41,8 @@ std::string uuid(int index) {
 
 // A machine as NVML would describe it: `count` GPUs of a model, UUIDs as the simulated GPU
 // gives them.
-Inventory machine(int count, const std::string& name = "NVIDIA A100-SXM4-40GB", int numa_every = 0) {
+Inventory machine(int count, const std::string& name = "NVIDIA A100-SXM4-40GB",
+                  int numa_every = 0) {
   Inventory inventory;
   inventory.driver_version = "580.65.06";
   inventory.cuda_major = 13;
@@ -113,17 +114,20 @@ TEST(NodeConfig, EveryNvidiaAndSeedExampleGivesNvidiasResourcesAndIds) {
   };
   for (const Case& test : cases) {
     SCOPED_TRACE(test.file);
-    const PluginConfig config = parse_plugin_config(read_text(example(test.file)), example(test.file));
+    const PluginConfig config =
+        parse_plugin_config(read_text(example(test.file)), example(test.file));
     EXPECT_EQ(resources_of(build_resource_map(two, config)), test.expected);
   }
   // Every file in the folder is in the table above, or the MPS one.
   int files = 0;
-  for (const auto& entry : fs::directory_iterator(example(""))) files += entry.path().extension() == ".yaml";
+  for (const auto& entry : fs::directory_iterator(example("")))
+    files += entry.path().extension() == ".yaml";
   EXPECT_EQ(files, static_cast<int>(std::size(cases)) + 2);  // + nvidia-mps, partly-shared
 }
 
 TEST(NodeConfig, TheSeedsMigStrategySpellingIsTheFlagsAndAContradictionIsRefused) {
-  const PluginConfig config = parse_plugin_config(read_text(example("seed-chapter-mig.yaml")), "chapter");
+  const PluginConfig config =
+      parse_plugin_config(read_text(example("seed-chapter-mig.yaml")), "chapter");
   EXPECT_EQ(config.flags.mig_strategy, MigStrategy::single);
   expect_refused("version: v1\nflags: {migStrategy: mixed}\nsharing: {mig: {strategy: single}}\n",
                  "sharing.mig.strategy", "contradicts flags.migStrategy");
@@ -150,9 +154,11 @@ TEST(NodeConfig, NvidiasDefaultsFillWhatAConfigLeavesOut) {
       "json");
   EXPECT_EQ(json.time_slicing.resources.at(0).replicas, 3);
   // MPS keeps NVIDIA's historical default: one replica a request.
-  EXPECT_TRUE(parse_plugin_config(read_text(example("nvidia-mps.yaml")), "mps").mps.fail_requests_greater_than_one);
+  EXPECT_TRUE(parse_plugin_config(read_text(example("nvidia-mps.yaml")), "mps")
+                  .mps.fail_requests_greater_than_one);
   // A name without the prefix gets it, as NVIDIA's NewResourceName does.
-  EXPECT_EQ(parse_plugin_config("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}", "short")
+  EXPECT_EQ(parse_plugin_config("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}",
+                                "short")
                 .time_slicing.resources.at(0)
                 .name,
             "nvidia.com/gpu");
@@ -171,23 +177,31 @@ TEST(NodeConfig, InvalidConfigsAreRefusedWithNvidiasMessages) {
                  "sharing.timeSlicing.resources[0].replicas", "number of replicas must be >= 2");
   expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: -3}]}}\n",
                  "replicas", "number of replicas must be >= 2");
-  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: some}]}}\n",
-                 "devices", "devices set as 'some' but the only valid string input is 'all'");
-  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: 0}]}}\n",
-                 "devices", "devices set as '0' but a count of devices must be > 0");
-  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: [GPU-x]}]}}\n",
-                 "devices[0]", "unsupported type for device in devices list");
-  expect_refused("sharing: {timeSlicing: {resources: [{name: \"nvidia.com/GPU!\", replicas: 2}]}}\n",
-                 "name", "incorrect format for resource name 'nvidia.com/GPU!'");
-  expect_refused("flags: {plugin: {deviceListStrategy: carrier-pigeon}}\n", "flags.plugin.deviceListStrategy",
+  expect_refused(
+      "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: some}]}}\n",
+      "devices", "devices set as 'some' but the only valid string input is 'all'");
+  expect_refused(
+      "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: 0}]}}\n",
+      "devices", "devices set as '0' but a count of devices must be > 0");
+  expect_refused(
+      "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: "
+      "[GPU-x]}]}}\n",
+      "devices[0]", "unsupported type for device in devices list");
+  expect_refused(
+      "sharing: {timeSlicing: {resources: [{name: \"nvidia.com/GPU!\", replicas: 2}]}}\n", "name",
+      "incorrect format for resource name 'nvidia.com/GPU!'");
+  expect_refused("flags: {plugin: {deviceListStrategy: carrier-pigeon}}\n",
+                 "flags.plugin.deviceListStrategy",
                  "invalid --device-list-strategy option: invalid strategy: carrier-pigeon");
   expect_refused("flags: {plugin: {deviceIDStrategy: serial}}\n", "flags.plugin.deviceIDStrategy",
                  "invalid --device-id-strategy option: serial");
-  expect_refused("flags: {migStrategy: mixed}\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n"
-                 "",
-                 "flags.migStrategy", "using --mig-strategy=mixed is not supported with MPS");
-  expect_refused("sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n", "flags.mpsRoot",
-                 "using MPS requires --mps-root to be specified");
+  expect_refused(
+      "flags: {migStrategy: mixed}\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: "
+      "2}]}}\n"
+      "",
+      "flags.migStrategy", "using --mig-strategy=mixed is not supported with MPS");
+  expect_refused("sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n",
+                 "flags.mpsRoot", "using MPS requires --mps-root to be specified");
   expect_refused("health: {eventTypes: [EventTypeNothing]}\n", "health.eventTypes[0]",
                  "invalid event type: EventTypeNothing");
   expect_refused("health: {ignoredXIDs: [79], criticalXIDs: [79]}\n", "health.criticalXIDs",
@@ -195,8 +209,9 @@ TEST(NodeConfig, InvalidConfigsAreRefusedWithNvidiasMessages) {
 }
 
 TEST(NodeConfig, UnknownFieldsWrongTypesAndContradictionsAreRefusedNamingFieldAndValue) {
-  expect_refused("version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicsa: 4}]}}\n",
-                 "sharing.timeSlicing.resources[0].replicsa", "unknown field");
+  expect_refused(
+      "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicsa: 4}]}}\n",
+      "sharing.timeSlicing.resources[0].replicsa", "unknown field");
   expect_refused("flags: {migStratgy: none}\n", "flags.migStratgy", "unknown field (known here:");
   expect_refused("verison: v1\n", "verison", "unknown field");
   expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: \"4\"}]}}\n",
@@ -205,41 +220,53 @@ TEST(NodeConfig, UnknownFieldsWrongTypesAndContradictionsAreRefusedNamingFieldAn
                  "replicas", "must be a whole number, not '4.5'");
   expect_refused("flags: {failOnInitError: maybe}\n", "flags.failOnInitError",
                  "must be true or false, not 'maybe'");
-  expect_refused("flags: {failOnInitError: \"true\"}\n", "flags.failOnInitError", "must be true or false");
+  expect_refused("flags: {failOnInitError: \"true\"}\n", "flags.failOnInitError",
+                 "must be true or false");
   expect_refused("flags: [a, b]\n", "flags", "must be a mapping, not a list");
   expect_refused("flags: {mpsRoot: 12}\n", "flags.mpsRoot", "must be a string, not 12");
   expect_refused("version: v1\nversion: v1\n", "version", "is given twice");
-  expect_refused("sharing:\n  timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n"
-                 "  mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\nflags: {mpsRoot: /run/mps}\n",
-                 "sharing", "timeSlicing and mps are both set");
-  expect_refused("sharing:\n  timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n"
-                 "  slices: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n",
-                 "sharing.slices", "nvidia.com/gpu is also shared by timeSlicing");
-  expect_refused("sharing: {slices: {resources: [{name: nvidia.com/gpu, replicas: 4, memoryPerSlice: 8XB}]}}\n",
-                 "memoryPerSlice", "'8XB' is not a size");
-  expect_refused("sharing: {slices: {resources: [{name: nvidia.com/gpu, replicas: 4, coresPerSlice: 101}]}}\n",
-                 "coresPerSlice", "101 is out of range (1 to 100)");
-  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, memoryPerSlice: 1GiB}]}}\n",
-                 "memoryPerSlice", "unknown field");
-  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}, "
-                 "{name: nvidia.com/gpu, replicas: 3}]}}\n",
-                 "resources[1]", "resource nvidia.com/gpu is listed twice");
+  expect_refused(
+      "sharing:\n  timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n"
+      "  mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\nflags: {mpsRoot: /run/mps}\n",
+      "sharing", "timeSlicing and mps are both set");
+  expect_refused(
+      "sharing:\n  timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n"
+      "  slices: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n",
+      "sharing.slices", "nvidia.com/gpu is also shared by timeSlicing");
+  expect_refused(
+      "sharing: {slices: {resources: [{name: nvidia.com/gpu, replicas: 4, memoryPerSlice: "
+      "8XB}]}}\n",
+      "memoryPerSlice", "'8XB' is not a size");
+  expect_refused(
+      "sharing: {slices: {resources: [{name: nvidia.com/gpu, replicas: 4, coresPerSlice: 101}]}}\n",
+      "coresPerSlice", "101 is out of range (1 to 100)");
+  expect_refused(
+      "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, memoryPerSlice: "
+      "1GiB}]}}\n",
+      "memoryPerSlice", "unknown field");
+  expect_refused(
+      "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}, "
+      "{name: nvidia.com/gpu, replicas: 3}]}}\n",
+      "resources[1]", "resource nvidia.com/gpu is listed twice");
   expect_refused("version: [v1\n", "", "not YAML");
 }
 
 TEST(NodeConfig, HostileConfigsAreRefusedBeforeTheyCanHurt) {
   // Nesting that would overflow a recursive parser's stack.
-  expect_refused(std::string(100000, '[') + std::string(100000, ']'), "", "nested more than 32 deep");
+  expect_refused(std::string(100000, '[') + std::string(100000, ']'), "",
+                 "nested more than 32 deep");
   // Larger than any config.
   expect_refused("# " + std::string(kMostConfigBytes, 'x') + "\n", "", "larger than 256 KiB");
   // Aliases that multiply a small file into a huge tree.
   std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
   for (char name = 'b'; name <= 'j'; ++name) {
-    bomb += std::string(1, name) + ": &" + name + " [*" + char(name - 1) + ", *" + char(name - 1) + ", *" +
-            char(name - 1) + ", *" + char(name - 1) + ", *" + char(name - 1) + "]\n";
+    bomb += std::string(1, name) + ": &" + name + " [*" + char(name - 1) + ", *" + char(name - 1) +
+            ", *" + char(name - 1) + ", *" + char(name - 1) + ", *" + char(name - 1) + "]\n";
   }
-  expect_refused("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: [0]}]}}\n" + bomb,
-                 "", "unknown field");
+  expect_refused(
+      "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: [0]}]}}\n" +
+          bomb,
+      "", "unknown field");
   expect_refused("imex: {channelIDs: " + std::string("[1,") + std::string(300000, ' ') + "2]}\n",
                  "", "larger than 256 KiB");
   // Not text at all.
@@ -254,7 +281,8 @@ TEST(NodeConfig, NamedConfigsComeFromADirectoryMountedAsAConfigMapIs) {
   fs::create_directory(data);
   std::ofstream(data + "/any") << read_text(example("seed-any.yaml"));
   std::ofstream(data + "/tesla-t4") << read_text(example("seed-tesla-t4.yaml"));
-  std::ofstream(data + "/broken") << "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu}]}}\n";
+  std::ofstream(data + "/broken")
+      << "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu}]}}\n";
   fs::create_directory_symlink(data, scratch.file("..data"));
   for (const char* key : {"any", "tesla-t4", "broken"}) {
     fs::create_symlink(std::string("..data/") + key, scratch.file(key));
@@ -265,12 +293,13 @@ TEST(NodeConfig, NamedConfigsComeFromADirectoryMountedAsAConfigMapIs) {
   EXPECT_NE(set.refused.at("broken").find("no replicas specified"), std::string::npos);
 
   EXPECT_EQ(choose_config(set, {"tesla-t4", "any"}).name, "tesla-t4");  // the label wins
-  EXPECT_EQ(choose_config(set, {"", "any"}).name, "any");             // then --config
+  EXPECT_EQ(choose_config(set, {"", "any"}).name, "any");               // then --config
   try {
     choose_config(set, {"a100-80gb", "any"});
     ADD_FAILURE() << "a missing config was chosen";
   } catch (const ConfigError& refused) {
-    EXPECT_NE(std::string(refused.what()).find("nvidia.com/device-plugin.config names config 'a100-80gb'"),
+    EXPECT_NE(std::string(refused.what())
+                  .find("nvidia.com/device-plugin.config names config 'a100-80gb'"),
               std::string::npos)
         << refused.what();
   }
@@ -290,28 +319,33 @@ TEST(NodeConfig, NamedConfigsComeFromADirectoryMountedAsAConfigMapIs) {
 TEST(NodeResources, SharingSomeGpusLeavesTheOthersWholeAndRenamesAsAsked) {
   const Inventory four = machine(4);
   // devices: [0, 1] as slices: GPUs 2 and 3 whole in the same resource, as NVIDIA leaves them.
-  const ResourceMap partly =
-      build_resource_map(four, parse_plugin_config(read_text(example("tessera-partly-shared.yaml")), "partly"));
+  const ResourceMap partly = build_resource_map(
+      four, parse_plugin_config(read_text(example("tessera-partly-shared.yaml")), "partly"));
   std::set<std::string> expected = replicas_of({0, 1}, 4);
   expected.insert(uuid(2));
   expected.insert(uuid(3));
   EXPECT_EQ(resources_of(partly).at("nvidia.com/gpu"), expected);
   // A count takes the first GPUs; rename moves the replicas to their own resource.
   const ResourceMap renamed = build_resource_map(
-      four, parse_plugin_config("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, rename: "
-                                "gpu-small, replicas: 3, devices: 1}]}}",
-                                "renamed"));
+      four,
+      parse_plugin_config("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, rename: "
+                          "gpu-small, replicas: 3, devices: 1}]}}",
+                          "renamed"));
   EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu-small"), replicas_of({0}, 3));
-  EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu"), (std::set<std::string>{uuid(1), uuid(2), uuid(3)}));
+  EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu"),
+            (std::set<std::string>{uuid(1), uuid(2), uuid(3)}));
   // A UUID in the list, and one not on this node.
   const ResourceMap by_uuid = build_resource_map(
-      four, parse_plugin_config("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, "
-                                "devices: [\"" + uuid(3) + "\"]}]}}",
-                                "by-uuid"));
+      four,
+      parse_plugin_config("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, "
+                          "devices: [\"" +
+                              uuid(3) + "\"]}]}}",
+                          "by-uuid"));
   EXPECT_EQ(by_uuid.find("nvidia.com/gpu")->devices.size(), 3u + 2u);
-  EXPECT_THROW(build_resource_map(machine(2), parse_plugin_config("sharing: {timeSlicing: {resources: [{name: "
-                                                                  "nvidia.com/gpu, replicas: 2, devices: [3]}]}}",
-                                                                  "absent")),
+  EXPECT_THROW(build_resource_map(
+                   machine(2), parse_plugin_config("sharing: {timeSlicing: {resources: [{name: "
+                                                   "nvidia.com/gpu, replicas: 2, devices: [3]}]}}",
+                                                   "absent")),
                ConfigError);
 }
 
@@ -323,8 +357,10 @@ TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
     build_resource_map(mixed_modes, single);
     ADD_FAILURE() << "mixed MIG enablement accepted under single";
   } catch (const ConfigError& refused) {
-    EXPECT_NE(std::string(refused.what()).find("all devices on the node must be configured with the same migEnabled value"),
-              std::string::npos);
+    EXPECT_NE(
+        std::string(refused.what())
+            .find("all devices on the node must be configured with the same migEnabled value"),
+        std::string::npos);
   }
   Inventory all_mig = machine(2);
   for (GpuInfo& gpu : all_mig.gpus) gpu.mig_enabled = true;
@@ -332,15 +368,21 @@ TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
     build_resource_map(all_mig, single);
     ADD_FAILURE() << "MIG GPUs without MIG devices accepted under single";
   } catch (const ConfigError& refused) {
-    EXPECT_NE(std::string(refused.what()).find("device 0 has no MIG devices configured"), std::string::npos);
+    EXPECT_NE(std::string(refused.what()).find("device 0 has no MIG devices configured"),
+              std::string::npos);
   }
   // mixed serves the GPUs whose MIG mode is off, whole; none serves every GPU whole.
-  const ResourceMap mixed = build_resource_map(mixed_modes, parse_plugin_config("flags: {migStrategy: mixed}", "m"));
+  const ResourceMap mixed =
+      build_resource_map(mixed_modes, parse_plugin_config("flags: {migStrategy: mixed}", "m"));
   EXPECT_EQ(resources_of(mixed).at("nvidia.com/gpu"), std::set<std::string>{uuid(0)});
-  EXPECT_EQ(resources_of(build_resource_map(mixed_modes, parse_plugin_config("", "none"))).at("nvidia.com/gpu").size(), 2u);
+  EXPECT_EQ(resources_of(build_resource_map(mixed_modes, parse_plugin_config("", "none")))
+                .at("nvidia.com/gpu")
+                .size(),
+            2u);
   // MPS is read and checked, and not served until MPS lands: said plainly.
   try {
-    build_resource_map(machine(1), parse_plugin_config(read_text(example("nvidia-mps.yaml")), "mps"));
+    build_resource_map(machine(1),
+                       parse_plugin_config(read_text(example("nvidia-mps.yaml")), "mps"));
     ADD_FAILURE() << "MPS served without MPS daemons";
   } catch (const ConfigError& refused) {
     EXPECT_NE(std::string(refused.what()).find("MPS"), std::string::npos);
@@ -349,7 +391,8 @@ TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
 
 TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode) {
   const Inventory two = machine(2);
-  const ResourceMap map = build_resource_map(two, parse_plugin_config(read_text(example("seed-any.yaml")), "any"));
+  const ResourceMap map =
+      build_resource_map(two, parse_plugin_config(read_text(example("seed-any.yaml")), "any"));
   const Resource& gpu = *map.find("nvidia.com/gpu");
   // GPU 0 has two of its replicas allocated already (not available).
   std::vector<std::string> available = {uuid(0) + "::2", uuid(0) + "::3"};
@@ -362,14 +405,17 @@ TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode
       preferred_allocation(gpu, available, {uuid(1) + "::3"}, 2, ReplicaPolicy::distributed);
   EXPECT_EQ(with_required.front(), uuid(1) + "::3");
   EXPECT_EQ(with_required.size(), 2u);
-  EXPECT_THROW(preferred_allocation(gpu, available, {}, 7, ReplicaPolicy::distributed), AllocationError);
-  EXPECT_THROW(preferred_allocation(gpu, {"GPU-nope::0"}, {}, 1, ReplicaPolicy::distributed), AllocationError);
+  EXPECT_THROW(preferred_allocation(gpu, available, {}, 7, ReplicaPolicy::distributed),
+               AllocationError);
+  EXPECT_THROW(preferred_allocation(gpu, {"GPU-nope::0"}, {}, 1, ReplicaPolicy::distributed),
+               AllocationError);
 
   // Whole GPUs on two NUMA nodes of 4: a request of 2 stays on one node, the fuller one.
   const Inventory eight = machine(8, "NVIDIA H100 80GB HBM3", 4);
   const ResourceMap whole = build_resource_map(eight, default_plugin_config());
   const Resource& gpus = *whole.find("nvidia.com/gpu");
-  const std::vector<std::string> free_gpus = {uuid(1), uuid(2), uuid(3), uuid(4), uuid(5), uuid(6), uuid(7)};
+  const std::vector<std::string> free_gpus = {uuid(1), uuid(2), uuid(3), uuid(4),
+                                              uuid(5), uuid(6), uuid(7)};
   const auto chosen = preferred_allocation(gpus, free_gpus, {}, 2, ReplicaPolicy::distributed);
   ASSERT_EQ(chosen.size(), 2u);
   EXPECT_EQ(gpus.find(chosen[0])->numa_node, gpus.find(chosen[1])->numa_node);
@@ -384,20 +430,23 @@ TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode
 
 TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
   const Inventory two = machine(2);
-  PluginConfig config = parse_plugin_config(read_text(example("nvidia-fail-requests.yaml")), "fail");
+  PluginConfig config =
+      parse_plugin_config(read_text(example("nvidia-fail-requests.yaml")), "fail");
   const ResourceMap map = build_resource_map(two, config);
   const Resource& gpu = *map.find("nvidia.com/gpu");
   try {
     requested_gpus(gpu, {uuid(0) + "::0", uuid(1) + "::0"});
     ADD_FAILURE() << "two replicas granted with failRequestsGreaterThanOne";
   } catch (const AllocationError& refused) {
-    EXPECT_STREQ(refused.what(), "invalid request: maximum request size for shared resources is 1; found 2");
+    EXPECT_STREQ(refused.what(),
+                 "invalid request: maximum request size for shared resources is 1; found 2");
   }
   EXPECT_THROW(requested_gpus(gpu, {"GPU-unknown::0"}), AllocationError);
   // Two replicas of one GPU are one GPU to the container.
   config.time_slicing.fail_requests_greater_than_one = false;
   const ResourceMap relaxed = build_resource_map(two, config);
-  EXPECT_EQ(requested_gpus(*relaxed.find("nvidia.com/gpu"), {uuid(1) + "::0", uuid(1) + "::3", uuid(0) + "::1"}),
+  EXPECT_EQ(requested_gpus(*relaxed.find("nvidia.com/gpu"),
+                           {uuid(1) + "::0", uuid(1) + "::3", uuid(0) + "::1"}),
             (std::vector<int>{1, 0}));
 
   PluginConfig flags = default_plugin_config();
@@ -407,7 +456,9 @@ TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
   flags.flags.device_id = DeviceIdStrategy::index;
   EXPECT_EQ(expose_gpus(two, flags, {1, 0}, "r1").envs.at("NVIDIA_VISIBLE_DEVICES"), "1,0");
   flags = parse_plugin_config(
-      "flags: {plugin: {deviceListStrategy: [volume-mounts, cdi-annotations, cdi-cri], passDeviceSpecs: true}}", "all");
+      "flags: {plugin: {deviceListStrategy: [volume-mounts, cdi-annotations, cdi-cri], "
+      "passDeviceSpecs: true}}",
+      "all");
   const ContainerAllocation all = expose_gpus(two, flags, {0}, "response-7");
   EXPECT_EQ(all.envs.at("NVIDIA_VISIBLE_DEVICES"), "/var/run/nvidia-container-devices");
   ASSERT_EQ(all.mounts.size(), 1u);
@@ -415,7 +466,8 @@ TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
   EXPECT_EQ(all.mounts[0].host_path, "/dev/null");
   EXPECT_EQ(all.annotations.at("cdi.k8s.io/nvidia-device-plugin_response-7"),
             "k8s.device-plugin.nvidia.com/gpu=" + uuid(0));
-  EXPECT_EQ(all.cdi_devices, std::vector<std::string>{"k8s.device-plugin.nvidia.com/gpu=" + uuid(0)});
+  EXPECT_EQ(all.cdi_devices,
+            std::vector<std::string>{"k8s.device-plugin.nvidia.com/gpu=" + uuid(0)});
   ASSERT_GE(all.devices.size(), 2u);
   EXPECT_EQ(all.devices[0].container_path, "/dev/nvidia0");
   EXPECT_EQ(all.devices[0].permissions, "rw");
@@ -444,7 +496,8 @@ TEST(NodeLabels, GfdLabelsSayWhatNvidiasSayWithTheSeedsSharingLabel) {
   EXPECT_EQ(labels.at("nvidia.com/cuda.runtime-version.major"), "13");
   EXPECT_EQ(labels.at("nvidia.com/gfd.timestamp"), "1700000000");
   // Renamed: the product keeps its name. Not shared: replicas 1, strategy none.
-  labels = gpu_labels(t4, parse_plugin_config(read_text(example("nvidia-time-slicing-renamed.yaml")), "r"), 0);
+  labels = gpu_labels(
+      t4, parse_plugin_config(read_text(example("nvidia-time-slicing-renamed.yaml")), "r"), 0);
   EXPECT_EQ(labels.at("nvidia.com/gpu.product"), "Tesla-T4");
   labels = gpu_labels(t4, default_plugin_config(), 0);
   EXPECT_EQ(labels.at("nvidia.com/gpu.replicas"), "1");
@@ -458,7 +511,9 @@ TEST(NodeLabels, GfdLabelsSayWhatNvidiasSayWithTheSeedsSharingLabel) {
   odd.driver_version = "580.65.06 (beta)";
   for (const auto& [key, value] : gpu_labels(odd, shared, 0)) {
     EXPECT_LE(value.size(), 63u) << key;
-    for (const char c : value) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') << key << "=" << value;
+    for (const char c : value)
+      EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')
+          << key << "=" << value;
   }
   EXPECT_EQ(product_name("  NVIDIA (R) Weird/GPU  Model++ "), "NVIDIA-R-WeirdGPU-Model");
 }
@@ -467,7 +522,8 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   const Inventory four = machine(4);
   HealthBoard health(4);
   health.record_error(3, "XID 79", HealthBoard::Clock::now());
-  const PluginConfig config = parse_plugin_config(read_text(example("tessera-partly-shared.yaml")), "p");
+  const PluginConfig config =
+      parse_plugin_config(read_text(example("tessera-partly-shared.yaml")), "p");
   const nlohmann::json annotation =
       gpus_annotation(four, build_resource_map(four, config), health, config.strategy());
   ASSERT_EQ(annotation["gpus"].size(), 4u);
@@ -476,8 +532,9 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   EXPECT_EQ(annotation["gpus"][2]["sharing"], "none");
   EXPECT_EQ(annotation["gpus"][3]["healthy"], false);
   // The scheduler reads it: slices on GPUs 0 and 1, GPUs 2 and 3 whole-GPU pods only.
-  nlohmann::json node = {{"metadata", {{"name", "gpu-a"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
-                         {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "256Gi"}}}}}};
+  nlohmann::json node = {
+      {"metadata", {{"name", "gpu-a"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
+      {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "256Gi"}}}}}};
   extender::NodeInfo info = extender::node_from_json(node);
   EXPECT_EQ(info.spec.gpus, 4);
   EXPECT_EQ(info.spec.whole_only_gpus, 0b1100);
@@ -502,7 +559,8 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   // Time-sliced GPUs are the kubelet's to count: the scheduler leaves them out.
   const PluginConfig sliced_time = parse_plugin_config(read_text(example("seed-any.yaml")), "any");
   node["metadata"]["annotations"][kGpusAnnotation] =
-      gpus_annotation(four, build_resource_map(four, sliced_time), health, sliced_time.strategy()).dump();
+      gpus_annotation(four, build_resource_map(four, sliced_time), health, sliced_time.strategy())
+          .dump();
   EXPECT_EQ(extender::node_from_json(node).spec.gpus, 0);
 }
 
@@ -515,21 +573,26 @@ TEST(NodeHealth, WhatMakesAGpuUnhealthyFollowsNvidiasListsAndVariables) {
   }
   EXPECT_TRUE(policy.critical(abi::nvmlEventTypeDoubleBitEccError, 0));
   EXPECT_FALSE(policy.critical(abi::nvmlEventTypeSingleBitEccError, 0));  // corrected
-  EXPECT_FALSE(health_policy(defaults, "all", nullptr, {}).critical(abi::nvmlEventTypeXidCriticalError, 79));
+  EXPECT_FALSE(
+      health_policy(defaults, "all", nullptr, {}).critical(abi::nvmlEventTypeXidCriticalError, 79));
   EXPECT_FALSE(health_policy(defaults, "xids", nullptr, {}).enabled);
   policy = health_policy(defaults, "79, 94,banana", nullptr, {});
   EXPECT_FALSE(policy.critical(abi::nvmlEventTypeXidCriticalError, 79));
   EXPECT_FALSE(policy.critical(abi::nvmlEventTypeXidCriticalError, 94));
   EXPECT_TRUE(policy.critical(abi::nvmlEventTypeXidCriticalError, 48));
   EXPECT_EQ(policy.notes.size(), 1u);  // banana, said
-  EXPECT_TRUE(health_policy(defaults, nullptr, "13", {}).critical(abi::nvmlEventTypeXidCriticalError, 13));
-  EXPECT_TRUE(health_policy(defaults, nullptr, "all", {}).critical(abi::nvmlEventTypeXidCriticalError, 31));
+  EXPECT_TRUE(
+      health_policy(defaults, nullptr, "13", {}).critical(abi::nvmlEventTypeXidCriticalError, 13));
+  EXPECT_TRUE(
+      health_policy(defaults, nullptr, "all", {}).critical(abi::nvmlEventTypeXidCriticalError, 31));
   // NVIDIA's health section.
-  const PluginConfig only = parse_plugin_config("health: {criticalXIDs: [79, 48], ignoredXIDs: [13]}", "h");
+  const PluginConfig only =
+      parse_plugin_config("health: {criticalXIDs: [79, 48], ignoredXIDs: [13]}", "h");
   policy = health_policy(only.health, nullptr, nullptr, {});
   EXPECT_TRUE(policy.critical(abi::nvmlEventTypeXidCriticalError, 79));
   EXPECT_FALSE(policy.critical(abi::nvmlEventTypeXidCriticalError, 92));
-  EXPECT_FALSE(health_policy(parse_plugin_config("health: {disabled: true}", "d").health, nullptr, nullptr, {})
+  EXPECT_FALSE(health_policy(parse_plugin_config("health: {disabled: true}", "d").health, nullptr,
+                             nullptr, {})
                    .critical(abi::nvmlEventTypeXidCriticalError, 79));
 
   // The board: one error makes a GPU unhealthy; quiet for the period, it recovers.
@@ -565,7 +628,8 @@ TEST(NodeDeploy, TheManifestsHoldTogetherAndTheConfigMapHoldsConfigsTheAgentServ
     SCOPED_TRACE(entry.path().string());
     for (const YAML::Node& document : YAML::LoadAllFromFile(entry.path().string())) {
       if (document.IsNull()) continue;  // comments after the last ---
-      EXPECT_TRUE(document["apiVersion"] && document["kind"]) << "a document without apiVersion and kind";
+      EXPECT_TRUE(document["apiVersion"] && document["kind"])
+          << "a document without apiVersion and kind";
     }
   }
   std::map<std::string, YAML::Node> objects;  // by kind
@@ -583,26 +647,30 @@ TEST(NodeDeploy, TheManifestsHoldTogetherAndTheConfigMapHoldsConfigsTheAgentServ
     EXPECT_NO_THROW(build_resource_map(machine(2), config));
   }
   const YAML::Node pod = daemon_set["spec"]["template"]["spec"];
-  EXPECT_EQ(pod["serviceAccountName"].as<std::string>(), objects.at("ServiceAccount")["metadata"]["name"].as<std::string>());
+  EXPECT_EQ(pod["serviceAccountName"].as<std::string>(),
+            objects.at("ServiceAccount")["metadata"]["name"].as<std::string>());
   EXPECT_EQ(objects.at("ClusterRoleBinding")["subjects"][0]["name"].as<std::string>(),
             pod["serviceAccountName"].as<std::string>());
   std::set<std::string> volumes;
   for (const auto& volume : pod["volumes"]) {
     volumes.insert(volume["name"].as<std::string>());
     if (volume["configMap"]) {
-      EXPECT_EQ(volume["configMap"]["name"].as<std::string>(), config_map["metadata"]["name"].as<std::string>());
+      EXPECT_EQ(volume["configMap"]["name"].as<std::string>(),
+                config_map["metadata"]["name"].as<std::string>());
     }
   }
   const YAML::Node container = pod["containers"][0];
   for (const auto& mount : container["volumeMounts"]) {
-    EXPECT_EQ(volumes.count(mount["name"].as<std::string>()), 1u) << mount["name"].as<std::string>();
+    EXPECT_EQ(volumes.count(mount["name"].as<std::string>()), 1u)
+        << mount["name"].as<std::string>();
   }
   bool named_config = false;
   for (const auto& word : container["command"]) {
     const std::string argument = word.as<std::string>();
     if (argument.rfind("--config=", 0) == 0) {
       named_config = true;
-      EXPECT_EQ(configs.count(argument.substr(9)), 1u) << argument << " names no key of the ConfigMap";
+      EXPECT_EQ(configs.count(argument.substr(9)), 1u)
+          << argument << " names no key of the ConfigMap";
     }
   }
   EXPECT_TRUE(named_config);
@@ -610,10 +678,12 @@ TEST(NodeDeploy, TheManifestsHoldTogetherAndTheConfigMapHoldsConfigsTheAgentServ
   std::set<std::string> granted;
   for (const auto& rule : objects.at("ClusterRole")["rules"]) {
     for (const auto& resource : rule["resources"]) {
-      for (const auto& verb : rule["verbs"]) granted.insert(resource.as<std::string>() + ":" + verb.as<std::string>());
+      for (const auto& verb : rule["verbs"])
+        granted.insert(resource.as<std::string>() + ":" + verb.as<std::string>());
     }
   }
-  for (const char* needed : {"nodes:get", "nodes:list", "nodes:watch", "nodes:patch", "pods:list", "pods:patch"}) {
+  for (const char* needed :
+       {"nodes:get", "nodes:list", "nodes:watch", "nodes:patch", "pods:list", "pods:patch"}) {
     EXPECT_EQ(granted.count(needed), 1u) << needed;
   }
 }

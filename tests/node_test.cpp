@@ -53,7 +53,8 @@ void write_config(const std::string& path, const std::string& text) {
 
 std::string replicas_config(int replicas, const std::string& extra = "") {
   return "version: v1\nsharing:\n  timeSlicing:\n" + extra +
-         "    resources:\n    - name: nvidia.com/gpu\n      replicas: " + std::to_string(replicas) + "\n";
+         "    resources:\n    - name: nvidia.com/gpu\n      replicas: " + std::to_string(replicas) +
+         "\n";
 }
 
 // A tessera node process on a private simulated machine; its log goes to a file.
@@ -62,10 +63,19 @@ class NodeProcess {
   NodeProcess(const ScratchDirectory& scratch, const std::vector<std::string>& extra,
               const Environment& environment)
       : log_(scratch.file("node.log")) {
-    std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>\"$TESSERA_TEST_LOG\"",
-                                     tessera(), "node", "--node-name", "gpu-node",
-                                     "--device-plugin-dir", scratch.file("dp"), "--state-dir",
-                                     scratch.file("state"), "--metrics-listen", "127.0.0.1:0"};
+    std::vector<std::string> argv = {"/bin/sh",
+                                     "-c",
+                                     "exec \"$0\" \"$@\" 2>>\"$TESSERA_TEST_LOG\"",
+                                     tessera(),
+                                     "node",
+                                     "--node-name",
+                                     "gpu-node",
+                                     "--device-plugin-dir",
+                                     scratch.file("dp"),
+                                     "--state-dir",
+                                     scratch.file("state"),
+                                     "--metrics-listen",
+                                     "127.0.0.1:0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     Environment env = environment;
     env["TESSERA_TEST_LOG"] = log_;
@@ -117,7 +127,8 @@ Environment machine(const ScratchDirectory& scratch, const std::string& devices 
 }
 
 void raise_event(const Environment& env, int device, const std::vector<std::string>& event) {
-  std::vector<std::string> argv = {tessera(), "simgpu", "event", "--device", std::to_string(device)};
+  std::vector<std::string> argv = {tessera(), "simgpu", "event", "--device",
+                                   std::to_string(device)};
   argv.insert(argv.end(), event.begin(), event.end());
   const Finished done = run(argv, env);
   ASSERT_EQ(done.exit_code, 0) << done.err;
@@ -147,7 +158,8 @@ TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
   NodeProcess node(scratch, {}, machine(scratch));
   ASSERT_TRUE(node.started()) << node.log();
   TestKubelet::Devices devices;
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids({uuid(0), uuid(1)}), 10s, &devices))
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids({uuid(0), uuid(1)}), 10s, &devices))
       << node.log();
   EXPECT_EQ(devices.at(uuid(0)).health, "Healthy");
   EXPECT_EQ(devices.at(uuid(0)).numa_nodes, std::vector<std::int64_t>{0});
@@ -165,11 +177,13 @@ TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
   ASSERT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(1)}, {uuid(0), uuid(1)}}, response).ok());
   ASSERT_EQ(response.container_responses_size(), 2);
   EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), uuid(1));
-  EXPECT_EQ(response.container_responses(1).envs().at("NVIDIA_VISIBLE_DEVICES"), uuid(0) + "," + uuid(1));
+  EXPECT_EQ(response.container_responses(1).envs().at("NVIDIA_VISIBLE_DEVICES"),
+            uuid(0) + "," + uuid(1));
   EXPECT_TRUE(kubelet.pre_start("nvidia.com/gpu", {uuid(1)}).ok());
   const grpc::Status unknown = kubelet.allocate("nvidia.com/gpu", {{"GPU-forged"}}, response);
   EXPECT_FALSE(unknown.ok());
-  EXPECT_EQ(unknown.error_message(), "invalid allocation request for 'nvidia.com/gpu': unknown device: GPU-forged");
+  EXPECT_EQ(unknown.error_message(),
+            "invalid allocation request for 'nvidia.com/gpu': unknown device: GPU-forged");
   EXPECT_EQ(node.metric("tessera_allocations_total{resource=\"nvidia.com/gpu\"}"), 2);
   EXPECT_EQ(node.metric("tessera_allocation_refusals_total{resource=\"nvidia.com/gpu\"}"), 1);
   EXPECT_EQ(node.stop(), 0);
@@ -183,7 +197,8 @@ TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
     ASSERT_TRUE(node.started()) << node.log();
-    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+        << node.log();
     // Distributed: two replicas go to two GPUs; one of them allocated already moves the next.
     std::vector<std::string> chosen;
     const auto all = replica_ids({0, 1}, 4);
@@ -192,27 +207,35 @@ TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
     EXPECT_NE(chosen[0].substr(0, 40), chosen[1].substr(0, 40));
     // Two replicas of one GPU: the container sees that GPU once.
     v1beta1::AllocateResponse response;
-    ASSERT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::1", uuid(0) + "::3"}}, response).ok());
+    ASSERT_TRUE(
+        kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::1", uuid(0) + "::3"}}, response).ok());
     EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), uuid(0));
   }
   kubelet.restart();  // a fresh kubelet for the next config
-  std::ofstream(scratch.file("config.yaml"), std::ios::trunc) << read_text(example("nvidia-time-slicing-renamed.yaml"));
+  std::ofstream(scratch.file("config.yaml"), std::ios::trunc)
+      << read_text(example("nvidia-time-slicing-renamed.yaml"));
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
-    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu.shared", has_ids(replica_ids({0, 1}, 10)), 10s)) << node.log();
+    ASSERT_TRUE(
+        kubelet.wait_for_devices("nvidia.com/gpu.shared", has_ids(replica_ids({0, 1}, 10)), 10s))
+        << node.log();
     EXPECT_EQ(kubelet.resources(), std::vector<std::string>{"nvidia.com/gpu.shared"});
     const auto registrations = kubelet.registrations();
     EXPECT_EQ(registrations.back().endpoint, "tessera-gpu.shared.sock");
   }
   kubelet.restart();
-  std::ofstream(scratch.file("config.yaml"), std::ios::trunc) << read_text(example("nvidia-fail-requests.yaml"));
+  std::ofstream(scratch.file("config.yaml"), std::ios::trunc)
+      << read_text(example("nvidia-fail-requests.yaml"));
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
-    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 10)), 10s)) << node.log();
+    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 10)), 10s))
+        << node.log();
     v1beta1::AllocateResponse response;
-    const grpc::Status refused = kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::0", uuid(1) + "::0"}}, response);
+    const grpc::Status refused =
+        kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::0", uuid(1) + "::0"}}, response);
     EXPECT_FALSE(refused.ok());
-    EXPECT_EQ(refused.error_message(), "invalid request: maximum request size for shared resources is 1; found 2");
+    EXPECT_EQ(refused.error_message(),
+              "invalid request: maximum request size for shared resources is 1; found 2");
     EXPECT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(1) + "::7"}}, response).ok());
   }
 }
@@ -226,18 +249,22 @@ TEST(Node, EveryExampleConfigIsServedAndAnInvalidOneStopsTheStartWithNvidiasMess
     TestKubelet kubelet(scratch.file("dp"));
     NodeProcess node(scratch, {"--config-file", entry.path().string()}, machine(scratch));
     ASSERT_TRUE(node.started()) << node.log();
-    const std::string resource = name.find("renamed") != std::string::npos ? "nvidia.com/gpu.shared" : "nvidia.com/gpu";
-    ASSERT_TRUE(kubelet.wait_for_devices(resource, [](const auto& devices) { return !devices.empty(); }, 10s))
+    const std::string resource =
+        name.find("renamed") != std::string::npos ? "nvidia.com/gpu.shared" : "nvidia.com/gpu";
+    ASSERT_TRUE(kubelet.wait_for_devices(
+        resource, [](const auto& devices) { return !devices.empty(); }, 10s))
         << node.log();
   }
   ScratchDirectory scratch;
-  std::ofstream(scratch.file("config.yaml")) << "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-                                                "    - name: nvidia.com/gpu\n      replicas: 1\n";
+  std::ofstream(scratch.file("config.yaml"))
+      << "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+         "    - name: nvidia.com/gpu\n      replicas: 1\n";
   NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
   EXPECT_FALSE(node.started());
   EXPECT_EQ(node.stop(), 1);
-  EXPECT_NE(node.log().find(scratch.file("config.yaml") +
-                            ": sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2"),
+  EXPECT_NE(node.log().find(
+                scratch.file("config.yaml") +
+                ": sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2"),
             std::string::npos)
       << node.log();
 }
@@ -247,13 +274,15 @@ TEST(Node, AKubeletRestartIsFollowedByRegistrationWithinASecond) {
   TestKubelet kubelet(scratch.file("dp"));
   std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-any.yaml"));
   NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+      << node.log();
   for (int restart = 0; restart < 3; ++restart) {
     const auto before = Clock::now();
     kubelet.restart();
     TestKubelet::Registration registration;
     ASSERT_TRUE(kubelet.wait_for_registration("nvidia.com/gpu", before, 1s, &registration))
-        << "restart " << restart << "\n" << node.log();
+        << "restart " << restart << "\n"
+        << node.log();
     EXPECT_LT(registration.at - before, 1s);
     // Served again on a new socket: the kubelet lists and allocates as before.
     ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 5s));
@@ -267,7 +296,8 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
   TestKubelet kubelet(scratch.file("dp"));
   write_config(scratch.file("config.yaml"), replicas_config(4));
   NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+      << node.log();
 
   // A stream of Allocate calls, as pods keep starting, for a device every config here has.
   std::atomic<bool> done{false};
@@ -291,10 +321,13 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
   const double generation = node.metric("tessera_config_generation");
   ASSERT_TRUE(calls_continue());
   write_config(scratch.file("config.yaml"), replicas_config(8));
-  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 8)), 10s)) << node.log();
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 8)), 10s))
+      << node.log();
   EXPECT_TRUE(calls_continue());
-  write_config(scratch.file("config.yaml"), replicas_config(2, "    failRequestsGreaterThanOne: true\n"));
-  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 2)), 10s)) << node.log();
+  write_config(scratch.file("config.yaml"),
+               replicas_config(2, "    failRequestsGreaterThanOne: true\n"));
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 2)), 10s))
+      << node.log();
   EXPECT_TRUE(calls_continue());
   // Refused: an unknown field. The last good config keeps serving.
   write_config(scratch.file("config.yaml"), replicas_config(3) + "    replicasPerGpu: 6\n");
@@ -306,7 +339,8 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
   EXPECT_EQ(ids_of(kubelet.devices("nvidia.com/gpu")), replica_ids({0, 1}, 2));
   EXPECT_TRUE(calls_continue());
   write_config(scratch.file("config.yaml"), replicas_config(6));
-  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 6)), 10s)) << node.log();
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 6)), 10s))
+      << node.log();
   EXPECT_TRUE(calls_continue());
   done = true;
   allocating.join();
@@ -315,9 +349,10 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
   // One registration only: every change went out on the open ListAndWatch stream.
   EXPECT_EQ(kubelet.registrations().size(), 1u);
   const std::string log = node.log();
-  EXPECT_NE(log.find("config refused, the last good one keeps serving: " + scratch.file("config.yaml") +
-                     ": sharing.timeSlicing.replicasPerGpu: unknown field"),
-            std::string::npos)
+  EXPECT_NE(
+      log.find("config refused, the last good one keeps serving: " + scratch.file("config.yaml") +
+               ": sharing.timeSlicing.replicasPerGpu: unknown field"),
+      std::string::npos)
       << log;
 }
 
@@ -326,8 +361,10 @@ TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers
   TestKubelet kubelet(scratch.file("dp"));
   std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-any.yaml"));
   const Environment env = machine(scratch, kTwoGpus, {{"DP_DISABLE_HEALTHCHECKS", "94"}});
-  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml"), "--recovery-period", "2"}, env);
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  NodeProcess node(scratch,
+                   {"--config-file", scratch.file("config.yaml"), "--recovery-period", "2"}, env);
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+      << node.log();
   auto health_of = [](const TestKubelet::Devices& devices, int gpu) {
     std::set<std::string> health;
     for (const auto& [id, state] : devices) {
@@ -344,7 +381,10 @@ TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers
   raise_event(env, 1, {"--xid", "79"});
   TestKubelet::Devices seen;
   ASSERT_TRUE(kubelet.wait_for_devices(
-      "nvidia.com/gpu", [&](const auto& devices) { return health_of(devices, 1) == std::set<std::string>{"Unhealthy"}; },
+      "nvidia.com/gpu",
+      [&](const auto& devices) {
+        return health_of(devices, 1) == std::set<std::string>{"Unhealthy"};
+      },
       1s, &seen))
       << node.log();
   EXPECT_LT(Clock::now() - raised, 1s);
@@ -355,14 +395,20 @@ TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers
   EXPECT_EQ(node.metric("tessera_xid_events_total{xid=\"13\",Hostname=\"gpu-node\"}"), 1);
   // Quiet for the recovery period (2 s): healthy again, every replica.
   ASSERT_TRUE(kubelet.wait_for_devices(
-      "nvidia.com/gpu", [&](const auto& devices) { return health_of(devices, 1) == std::set<std::string>{"Healthy"}; },
+      "nvidia.com/gpu",
+      [&](const auto& devices) {
+        return health_of(devices, 1) == std::set<std::string>{"Healthy"};
+      },
       10s))
       << node.log();
   EXPECT_GE(Clock::now() - raised, 2s);
   // An uncorrectable ECC error is as bad as a critical XID.
   raise_event(env, 0, {"--ecc", "double"});
   EXPECT_TRUE(kubelet.wait_for_devices(
-      "nvidia.com/gpu", [&](const auto& devices) { return health_of(devices, 0) == std::set<std::string>{"Unhealthy"}; },
+      "nvidia.com/gpu",
+      [&](const auto& devices) {
+        return health_of(devices, 0) == std::set<std::string>{"Unhealthy"};
+      },
       1s))
       << node.log();
 }
@@ -372,9 +418,13 @@ TEST(Node, WithoutAnApiServerItServesFromTheConfigAndSaysOnceWhatNeedsOne) {
   TestKubelet kubelet(scratch.file("dp"));
   fs::create_directory(scratch.file("features.d"));
   std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-tesla-t4.yaml"));
-  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml"), "--features-dir", scratch.file("features.d")},
-                   machine(scratch, "T4,context=0;T4,context=0;T4,context=0;T4,context=0"));
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1, 2, 3}, 4)), 10s)) << node.log();
+  NodeProcess node(
+      scratch,
+      {"--config-file", scratch.file("config.yaml"), "--features-dir", scratch.file("features.d")},
+      machine(scratch, "T4,context=0;T4,context=0;T4,context=0;T4,context=0"));
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1, 2, 3}, 4)), 10s))
+      << node.log();
   // The features file is written when the config is applied, before the plugins register.
   const std::string features = read_text(scratch.file("features.d/tessera-gpu"));
   for (const char* label : {"nvidia.com/gpu.count=4\n", "nvidia.com/gpu.product=Tesla-T4-SHARED\n",
@@ -395,48 +445,67 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
   fs::create_directory(scratch.file("configs"));
   std::ofstream(scratch.file("configs/any")) << replicas_config(4);
   std::ofstream(scratch.file("configs/small")) << replicas_config(2);
-  NodeProcess node(scratch,
-                   {"--config-dir", scratch.file("configs"), "--config", "any", "--api-server", cluster.url()},
-                   machine(scratch));
+  NodeProcess node(
+      scratch,
+      {"--config-dir", scratch.file("configs"), "--config", "any", "--api-server", cluster.url()},
+      machine(scratch));
   ASSERT_TRUE(node.started()) << node.log();
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+      << node.log();
   auto label = [](const char* key, const std::string& value) {
     return [key, value](const nlohmann::json& object) {
       return object["metadata"]["labels"].value(key, std::string()) == value;
     };
   };
-  ASSERT_TRUE(cluster.wait_for("nodes", "gpu-node", label("nvidia.com/gpu.replicas", "4"), 10s)) << node.log();
+  ASSERT_TRUE(cluster.wait_for("nodes", "gpu-node", label("nvidia.com/gpu.replicas", "4"), 10s))
+      << node.log();
   const nlohmann::json labelled = *cluster.get("nodes", "gpu-node");
-  EXPECT_EQ(labelled["metadata"]["labels"]["nvidia.com/gpu.product"], "NVIDIA-H100-80GB-HBM3-SHARED");
+  EXPECT_EQ(labelled["metadata"]["labels"]["nvidia.com/gpu.product"],
+            "NVIDIA-H100-80GB-HBM3-SHARED");
   EXPECT_EQ(labelled["metadata"]["labels"]["nvidia.com/gpu.sharing"], "timeslice");
   EXPECT_EQ(labelled["metadata"]["annotations"]["tessera.io/config"], "any");
-  const nlohmann::json gpus = nlohmann::json::parse(labelled["metadata"]["annotations"]["tessera.io/gpus"].get<std::string>());
+  const nlohmann::json gpus = nlohmann::json::parse(
+      labelled["metadata"]["annotations"]["tessera.io/gpus"].get<std::string>());
   ASSERT_EQ(gpus["gpus"].size(), 2u);
   EXPECT_EQ(gpus["gpus"][1]["uuid"], uuid(1));
   EXPECT_EQ(gpus["gpus"][1]["sharing"], "timeslice");
 
   // The label NVIDIA's plugin reads chooses the config, live.
-  cluster.patch("nodes", "gpu-node", {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", "small"}}}}}});
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 2)), 10s)) << node.log();
+  cluster.patch("nodes", "gpu-node",
+                {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", "small"}}}}}});
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 2)), 10s))
+      << node.log();
   EXPECT_TRUE(cluster.wait_for("nodes", "gpu-node", label("nvidia.com/gpu.replicas", "2"), 10s));
   // A label naming no config: refused, shown on the node, the last good config serving.
-  cluster.patch("nodes", "gpu-node", {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", "a100-80gb"}}}}}});
-  ASSERT_TRUE(cluster.wait_for("nodes", "gpu-node", [](const nlohmann::json& object) {
-    return object["metadata"]["annotations"].value("tessera.io/config-error", std::string()).find("a100-80gb") !=
-           std::string::npos;
-  }, 10s)) << node.log();
+  cluster.patch("nodes", "gpu-node",
+                {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", "a100-80gb"}}}}}});
+  ASSERT_TRUE(cluster.wait_for(
+      "nodes", "gpu-node",
+      [](const nlohmann::json& object) {
+        return object["metadata"]["annotations"]
+                   .value("tessera.io/config-error", std::string())
+                   .find("a100-80gb") != std::string::npos;
+      },
+      10s))
+      << node.log();
   EXPECT_EQ(ids_of(kubelet.devices("nvidia.com/gpu")), replica_ids({0, 1}, 2));
-  cluster.patch("nodes", "gpu-node", {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", nullptr}}}}}});
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
-  EXPECT_TRUE(cluster.wait_for("nodes", "gpu-node", [](const nlohmann::json& object) {
-    return !object["metadata"]["annotations"].contains("tessera.io/config-error");
-  }, 10s));
+  cluster.patch("nodes", "gpu-node",
+                {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", nullptr}}}}}});
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+      << node.log();
+  EXPECT_TRUE(cluster.wait_for(
+      "nodes", "gpu-node",
+      [](const nlohmann::json& object) {
+        return !object["metadata"]["annotations"].contains("tessera.io/config-error");
+      },
+      10s));
 }
 
 // What a container runtime would do with an Allocate answer, for a process on this machine:
 // the environment, with container paths the mounts map read at their host paths, the hook
 // preloaded (as /etc/ld.so.preload would), and the GPUs NVIDIA_VISIBLE_DEVICES names.
-Environment container_environment(const v1beta1::ContainerAllocateResponse& answer, const Environment& host) {
+Environment container_environment(const v1beta1::ContainerAllocateResponse& answer,
+                                  const Environment& host) {
   Environment env = host;
   std::map<std::string, std::string> mounts;
   for (const auto& mount : answer.mounts()) mounts[mount.container_path()] = mount.host_path();
@@ -459,15 +528,22 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   TestKubelet kubelet(scratch.file("dp"));
   std::ofstream(scratch.file("config.yaml")) << read_text(example("tessera-slices.yaml"));
   const Environment env = machine(scratch);
-  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml"), "--api-server", cluster.url()}, env);
+  NodeProcess node(
+      scratch, {"--config-file", scratch.file("config.yaml"), "--api-server", cluster.url()}, env);
   ASSERT_TRUE(node.started()) << node.log();
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s)) << node.log();
-  ASSERT_TRUE(cluster.wait_for("nodes", "gpu-node", [](const nlohmann::json& object) {
-    return object["metadata"]["annotations"].contains("tessera.io/gpus");
-  }, 10s));
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+      << node.log();
+  ASSERT_TRUE(cluster.wait_for(
+      "nodes", "gpu-node",
+      [](const nlohmann::json& object) {
+        return object["metadata"]["annotations"].contains("tessera.io/gpus");
+      },
+      10s));
 
-  // The scheduler, as kube-scheduler calls it: filter, then bind, reading the node the agent annotated.
-  Running scheduler({tessera(), "scheduler", "--listen", "127.0.0.1:0", "--api-server", cluster.url()}, env);
+  // The scheduler, as kube-scheduler calls it: filter, then bind, reading the node the agent
+  // annotated.
+  Running scheduler(
+      {tessera(), "scheduler", "--listen", "127.0.0.1:0", "--api-server", cluster.url()}, env);
   std::smatch listening;
   const std::string line = scheduler.read_line();
   ASSERT_TRUE(std::regex_search(line, listening, std::regex(":([0-9]+)$"))) << line;
@@ -481,11 +557,15 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
     const nlohmann::json args{{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", {"gpu-node"}}};
     const auto filtered = extender.Post("/filter", args.dump(), "application/json");
     ASSERT_TRUE(filtered && filtered->status == 200);
-    ASSERT_EQ(nlohmann::json::parse(filtered->body)["NodeNames"], nlohmann::json({"gpu-node"})) << filtered->body;
-    const nlohmann::json bind{{"PodName", name}, {"PodNamespace", "default"},
-                              {"PodUID", pod["metadata"]["uid"]}, {"Node", "gpu-node"}};
+    ASSERT_EQ(nlohmann::json::parse(filtered->body)["NodeNames"], nlohmann::json({"gpu-node"}))
+        << filtered->body;
+    const nlohmann::json bind{{"PodName", name},
+                              {"PodNamespace", "default"},
+                              {"PodUID", pod["metadata"]["uid"]},
+                              {"Node", "gpu-node"}};
     const auto bound = extender.Post("/bind", bind.dump(), "application/json");
-    ASSERT_TRUE(bound && bound->status == 200 && nlohmann::json::parse(bound->body)["Error"] == "") << bound->body;
+    ASSERT_TRUE(bound && bound->status == 200 && nlohmann::json::parse(bound->body)["Error"] == "")
+        << bound->body;
   }
   // The kubelet admits them: three Allocates at once, one slice each.
   std::vector<v1beta1::AllocateResponse> answers(asks.size());
@@ -493,7 +573,8 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   std::vector<std::thread> admitting;
   for (std::size_t i = 0; i < asks.size(); ++i) {
     admitting.emplace_back([&, i] {
-      statuses[i] = kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::" + std::to_string(i)}}, answers[i]);
+      statuses[i] =
+          kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::" + std::to_string(i)}}, answers[i]);
     });
   }
   for (std::thread& thread : admitting) thread.join();
@@ -503,8 +584,9 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
     limits.insert(answers[i].container_responses(0).envs().at("TESSERA_MEMORY_LIMIT"));
   }
   // Each pod was given its own slice once: three different limits, each a pod's.
-  EXPECT_EQ(limits, (std::set<std::string>{"0=" + std::to_string(2048ull << 20), "0=" + std::to_string(4096ull << 20),
-                                            "0=" + std::to_string(6144ull << 20)}));
+  EXPECT_EQ(limits, (std::set<std::string>{"0=" + std::to_string(2048ull << 20),
+                                           "0=" + std::to_string(4096ull << 20),
+                                           "0=" + std::to_string(6144ull << 20)}));
   for (std::size_t i = 0; i < asks.size(); ++i) {
     const nlohmann::json pod = *cluster.get("pods", "default/slice-" + std::to_string(i));
     EXPECT_EQ(pod["metadata"]["annotations"].value("tessera.io/allocated", std::string()), "main");
@@ -512,7 +594,8 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
 
   // The 6 GiB, 50 % pod's container: its process sees 6 GiB and is refused past it.
   const auto big = std::find_if(answers.begin(), answers.end(), [](const auto& answer) {
-    return answer.container_responses(0).envs().at("TESSERA_MEMORY_LIMIT") == "0=" + std::to_string(6144ull << 20);
+    return answer.container_responses(0).envs().at("TESSERA_MEMORY_LIMIT") ==
+           "0=" + std::to_string(6144ull << 20);
   });
   const v1beta1::ContainerAllocateResponse& container = big->container_responses(0);
   EXPECT_EQ(container.envs().at("TESSERA_CORE_LIMIT"), "0=50");
@@ -534,13 +617,16 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   EXPECT_EQ(usage.cores, 50u);
   EXPECT_EQ(usage.limit, 6144ull << 20);
   EXPECT_EQ(usage.rejections, 1u);
-  const double seconds = static_cast<double>(saturated.number("end_ns") - saturated.number("begin_ns")) / 1e9;
+  const double seconds =
+      static_cast<double>(saturated.number("end_ns") - saturated.number("begin_ns")) / 1e9;
   EXPECT_LE(static_cast<double>(usage.device_time_ns) / 1e9, 0.5 * seconds + 0.05)
       << "device time beyond a 50 % share";
-  EXPECT_EQ(node.metric("tessera_container_memory_limit_bytes{namespace=\"default\",pod=\"slice-2\",container="
-                        "\"main\",gpu=\"0\",UUID=\"" + uuid(0) +
-                        "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
-            static_cast<double>(6144ull << 20))
+  EXPECT_EQ(
+      node.metric(
+          "tessera_container_memory_limit_bytes{namespace=\"default\",pod=\"slice-2\",container="
+          "\"main\",gpu=\"0\",UUID=\"" +
+          uuid(0) + "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
+      static_cast<double>(6144ull << 20))
       << node.metrics();
 }
 

@@ -9,7 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "node/nvml.h"
+
 namespace tessera::cli {
+
+struct Installation;
 
 inline constexpr int kUsageStatus = 2;  // refused arguments, as for any Unix command
 
@@ -34,6 +38,8 @@ struct DevicesOptions {
   bool json = false;
 };
 int devices_command(const DevicesOptions& options);
+// The GPUs NVML reports (the simulated NVML's when `simulated`). Throws std::runtime_error.
+node::Inventory machine_inventory(const Installation& installation, bool simulated);
 
 struct TopOptions {
   bool once = false;
@@ -91,6 +97,7 @@ struct SimGpuEventOptions {
 int simgpu_event_command(const SimGpuEventOptions& options);
 
 // HOST:PORT with PORT from 0 to 65535; throws UsageError naming `option` otherwise.
-void split_listen_address(const std::string& text, const char* option, std::string& host, int& port);
+void split_listen_address(const std::string& text, const char* option, std::string& host,
+                          int& port);
 
 }  // namespace tessera::cli

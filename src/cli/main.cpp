@@ -93,8 +93,10 @@ int main(int argc, char** argv) {
   NodeOptions node;
   CLI::App* node_app = app.add_subcommand(
       "node", "Serve the kubelet's device plugins for this node's GPUs (the node agent)");
-  node_app->add_option("--node-name", node.node_name, "This node's name (default: NODE_NAME, else the host name)");
-  node_app->add_option("--device-plugin-dir", node.device_plugin_dir, "The kubelet's device plugin directory");
+  node_app->add_option("--node-name", node.node_name,
+                       "This node's name (default: NODE_NAME, else the host name)");
+  node_app->add_option("--device-plugin-dir", node.device_plugin_dir,
+                       "The kubelet's device plugin directory");
   node_app->add_option("--config-file", node.config_file, "One NVIDIA device-plugin config (v1)");
   node_app->add_option("--config-dir", node.config_dir,
                        "Named configs, a file each (a mounted ConfigMap); the node label "
@@ -105,13 +107,15 @@ int main(int argc, char** argv) {
                        "/etc/kubernetes/node-feature-discovery/features.d)");
   node_app->add_option("--state-dir", node.state_dir,
                        "Host directory for the hook and the containers' ledgers");
-  node_app->add_option("--metrics-listen", node.metrics_listen, "HOST:PORT for /metrics (default: none)");
+  node_app->add_option("--metrics-listen", node.metrics_listen,
+                       "HOST:PORT for /metrics (default: none)");
   node_app->add_option("--api-server", node.api_server,
                        "Kubernetes API server URL (default: in-cluster in a pod, else none)");
   node_app->add_option("--token-file", node.token_file, "Bearer token for the API server");
   node_app->add_option("--ca-file", node.ca_file, "CA bundle for the API server");
-  node_app->add_option("--recovery-period", node.recovery_seconds,
-                       "Seconds without errors after which a failed GPU is healthy again (0: never)");
+  node_app->add_option(
+      "--recovery-period", node.recovery_seconds,
+      "Seconds without errors after which a failed GPU is healthy again (0: never)");
   node_app->add_option("--replica-policy", node.replica_policy,
                        "Replicas of several GPUs: distributed (fewest in use first) or packed");
 
@@ -134,7 +138,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     report_error(fmt::format(
         "unknown command '{}' (commands: run, devices, top, sim, scheduler, node, simgpu; see "
-        "--help)", argv[1]));
+        "--help)",
+        argv[1]));
     return kUsageStatus;
   }
   try {

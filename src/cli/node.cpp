@@ -49,14 +49,15 @@ int node_command(const NodeOptions& options) {
     throw UsageError(fmt::format("--recovery-period {} must be from 0 (never) to 86400 seconds",
                                  options.recovery_seconds));
   }
-  agent.recovery_quiet = std::chrono::milliseconds(static_cast<long long>(options.recovery_seconds * 1000));
+  agent.recovery_quiet =
+      std::chrono::milliseconds(static_cast<long long>(options.recovery_seconds * 1000));
   if (options.replica_policy == "distributed") {
     agent.replica_policy = node::ReplicaPolicy::distributed;
   } else if (options.replica_policy == "packed") {
     agent.replica_policy = node::ReplicaPolicy::packed;
   } else {
-    throw UsageError(fmt::format("--replica-policy '{}' must be distributed or packed",
-                                 options.replica_policy));
+    throw UsageError(
+        fmt::format("--replica-policy '{}' must be distributed or packed", options.replica_policy));
   }
   if (!options.config_file.empty() && !options.config_dir.empty()) {
     throw UsageError("--config-file and --config-dir are two ways to give the configs: use one");
@@ -115,9 +116,11 @@ int node_command(const NodeOptions& options) {
     metrics.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
       response.set_content("ok", "text/plain");
     });
-    const int bound = metrics_port == 0 ? metrics.bind_to_any_port(metrics_host)
-                                        : (metrics.bind_to_port(metrics_host, metrics_port) ? metrics_port : -1);
-    if (bound < 0) throw std::runtime_error(fmt::format("cannot listen on {}", options.metrics_listen));
+    const int bound = metrics_port == 0
+                          ? metrics.bind_to_any_port(metrics_host)
+                          : (metrics.bind_to_port(metrics_host, metrics_port) ? metrics_port : -1);
+    if (bound < 0)
+      throw std::runtime_error(fmt::format("cannot listen on {}", options.metrics_listen));
     log_line(fmt::format("metrics on http://{}:{}/metrics", metrics_host, bound));
     serving = std::thread([&metrics] { metrics.listen_after_bind(); });
   }
@@ -143,10 +146,12 @@ int simgpu_event_command(const SimGpuEventOptions& options) {
     throw UsageError(fmt::format("--ecc '{}' must be single or double", options.ecc));
   }
   const Installation installation = locate_installation();
-  if (installation.simulator_dir.empty()) throw std::runtime_error("the simulated GPU is not installed");
+  if (installation.simulator_dir.empty())
+    throw std::runtime_error("the simulated GPU is not installed");
   const std::string library = installation.simulator_dir + "/libnvidia-ml.so.1";
   void* nvml = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (nvml == nullptr) throw std::runtime_error(fmt::format("cannot load {}: {}", library, dlerror()));
+  if (nvml == nullptr)
+    throw std::runtime_error(fmt::format("cannot load {}: {}", library, dlerror()));
   auto init = reinterpret_cast<PFN_nvmlInit_v2>(dlsym(nvml, "nvmlInit_v2"));
   auto count = reinterpret_cast<PFN_nvmlDeviceGetCount_v2>(dlsym(nvml, "nvmlDeviceGetCount_v2"));
   using RaiseEvent = nvmlReturn_t (*)(unsigned, unsigned long long, unsigned long long);
@@ -154,13 +159,15 @@ int simgpu_event_command(const SimGpuEventOptions& options) {
   if (init == nullptr || count == nullptr || raise == nullptr) {
     throw std::runtime_error(fmt::format("{} is not Tessera's simulated NVML", library));
   }
-  if (init() != NVML_SUCCESS) throw std::runtime_error("the simulated GPU cannot be attached (see above)");
+  if (init() != NVML_SUCCESS)
+    throw std::runtime_error("the simulated GPU cannot be attached (see above)");
   unsigned devices = 0;
   count(&devices);
   if (options.device < 0 || static_cast<unsigned>(options.device) >= devices) {
-    throw UsageError(fmt::format("--device {}: the simulated machine has {} GPU(s)", options.device, devices));
+    throw UsageError(
+        fmt::format("--device {}: the simulated machine has {} GPU(s)", options.device, devices));
   }
-  const unsigned long long type = options.xid ? nvmlEventTypeXidCriticalError
+  const unsigned long long type = options.xid               ? nvmlEventTypeXidCriticalError
                                   : options.ecc == "double" ? nvmlEventTypeDoubleBitEccError
                                                             : nvmlEventTypeSingleBitEccError;
   if (raise(static_cast<unsigned>(options.device), type, options.xid.value_or(0)) != NVML_SUCCESS) {

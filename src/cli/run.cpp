@@ -11,7 +11,6 @@
 
 #include "cli/commands.h"
 #include "cli/environment.h"
-#include "cli/gpus.h"
 #include "common/units.h"
 #include "ledger/ledger.h"
 
@@ -74,7 +73,7 @@ int run_command(const RunOptions& options) {
     prepend_to_path_variable("LD_LIBRARY_PATH", installation.simulator_dir, ':');
   }
   if (options.device) {
-    const std::size_t gpus = list_gpus(installation, simulated).size();
+    const std::size_t gpus = machine_inventory(installation, simulated).gpus.size();
     if (static_cast<std::size_t>(*options.device) >= gpus) {
       throw UsageError(fmt::format("--device {}: this machine has {} GPU{} (0 to {})",
                                    *options.device, gpus, gpus == 1 ? "" : "s",

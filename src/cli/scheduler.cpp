@@ -37,7 +37,8 @@ constexpr int kReadTimeoutSeconds = 5, kWriteTimeoutSeconds = 5, kIdleKeepAliveS
 
 }  // namespace
 
-void split_listen_address(const std::string& text, const char* option, std::string& host, int& port) {
+void split_listen_address(const std::string& text, const char* option, std::string& host,
+                          int& port) {
   const std::size_t colon = text.rfind(':');
   port = -1;
   if (colon != std::string::npos) {
@@ -46,7 +47,8 @@ void split_listen_address(const std::string& text, const char* option, std::stri
     if (digits.empty() || failure != std::errc() || end != digits.data() + digits.size()) port = -1;
   }
   if (colon == std::string::npos || colon == 0 || port < 0 || port > 65535) {
-    throw UsageError(fmt::format("{} '{}' is not HOST:PORT with PORT from 0 to 65535", option, text));
+    throw UsageError(
+        fmt::format("{} '{}' is not HOST:PORT with PORT from 0 to 65535", option, text));
   }
   host = text.substr(0, colon);
 }

@@ -46,8 +46,8 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
     const std::string& mode = sharing->get_ref<const std::string&>();
     if (mode == "timeslice" || mode == "mps") continue;
     if (mode != "none" && mode != "slices") {
-      throw std::runtime_error(fmt::format("sharing '{}' is not none, slices, timeslice or mps",
-                                           mode.substr(0, 40)));
+      throw std::runtime_error(
+          fmt::format("sharing '{}' is not none, slices, timeslice or mps", mode.substr(0, 40)));
     }
     if (info.spec.gpus == kMaxGpusPerNode) {
       throw std::runtime_error(fmt::format("more than {} GPUs", kMaxGpusPerNode));
@@ -63,7 +63,8 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       throw std::runtime_error("a GPU without a uuid");
     }
     info.gpu_uuids.push_back(uuid->get<std::string>());
-    if (mode == "none") info.spec.whole_only_gpus |= static_cast<std::uint16_t>(1u << info.spec.gpus);
+    if (mode == "none")
+      info.spec.whole_only_gpus |= static_cast<std::uint16_t>(1u << info.spec.gpus);
     ++info.spec.gpus;
   }
 }

@@ -25,13 +25,13 @@ using sched::NodeSpec;
 using sched::PodSpec;
 using sched::Request;
 
+using kube::assignment_from_annotation;
 using kube::kAssignmentAnnotation;
 using kube::kMostNameLength;
 using kube::kPolicyAnnotation;
+using kube::pod_from_json;
 using kube::PodRequest;
 using kube::RecordedAssignment;
-using kube::assignment_from_annotation;
-using kube::pod_from_json;
 
 static_assert(kube::kMostGpusPerNode == kMaxGpusPerNode);
 
@@ -39,7 +39,7 @@ inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
 
 struct NodeInfo {
   NodeSpec spec;
-  std::int64_t gpu_memory_mib = 0;  // each GPU's memory
+  std::int64_t gpu_memory_mib = 0;     // each GPU's memory
   std::vector<std::string> gpu_uuids;  // in the engine's numbering; empty if not given
 };
 

@@ -517,7 +517,8 @@ HttpReply Extender::bind(const std::string& body) {
   }
   if (record.uuids.size() != gpus.size()) record.uuids.clear();
   nlohmann::json patch{
-      {"metadata", {{"annotations", {{kAssignmentAnnotation, kube::assignment_annotation(record)}}}}}};
+      {"metadata",
+       {{"annotations", {{kAssignmentAnnotation, kube::assignment_annotation(record)}}}}}};
   // A merge patch that names the version is refused (409) if the pod changed since.
   if (!version.empty()) patch["metadata"]["resourceVersion"] = version;
   const ApiResponse recorded = api_->patch(pod_path, dump_outside_json(patch), deadline);

@@ -228,7 +228,8 @@ RecordedAssignment assignment_from_annotation(const nlohmann::json& text) {
     for (const nlohmann::json& uuid : *uuids) {
       if (!uuid.is_string() || uuid.get_ref<const std::string&>().empty() ||
           uuid.get_ref<const std::string&>().size() > 96) {
-        throw std::runtime_error(fmt::format("uuids holds {}, not a GPU UUID", dump_outside_json(uuid)));
+        throw std::runtime_error(
+            fmt::format("uuids holds {}, not a GPU UUID", dump_outside_json(uuid)));
       }
       assignment.uuids.push_back(uuid.get<std::string>());
     }
@@ -240,7 +241,8 @@ RecordedAssignment assignment_from_annotation(const nlohmann::json& text) {
 }
 
 std::string assignment_annotation(const RecordedAssignment& assignment) {
-  nlohmann::json record{{"node", assignment.node}, {"gpus", assignment.gpus}, {"milli", assignment.milli}};
+  nlohmann::json record{
+      {"node", assignment.node}, {"gpus", assignment.gpus}, {"milli", assignment.milli}};
   if (!assignment.uuids.empty()) record["uuids"] = assignment.uuids;
   return dump_outside_json(record);
 }

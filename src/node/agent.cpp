@@ -26,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr auto kConfigPoll = std::chrono::seconds(2);     // a missed file event is caught by then
+constexpr auto kConfigPoll = std::chrono::seconds(2);  // a missed file event is caught by then
 constexpr auto kRegistrationRetry = std::chrono::seconds(1);
 constexpr auto kCollectEvery = std::chrono::seconds(60);  // ledgers of pods gone
 constexpr auto kPublishRetry = std::chrono::seconds(5);
@@ -73,11 +73,16 @@ void install_file(const std::string& source, const std::string& target) {
   if (fs::exists(target, error) && fs::equivalent(source, target, error)) return;
   const std::string temporary = target + ".new";
   fs::copy_file(source, temporary, fs::copy_options::overwrite_existing, error);
-  if (error) throw std::runtime_error(fmt::format("cannot copy {} to {}: {}", source, temporary, error.message()));
-  fs::permissions(temporary, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                                 fs::perms::others_read | fs::perms::others_exec, error);
+  if (error)
+    throw std::runtime_error(
+        fmt::format("cannot copy {} to {}: {}", source, temporary, error.message()));
+  fs::permissions(temporary,
+                  fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                      fs::perms::others_read | fs::perms::others_exec,
+                  error);
   fs::rename(temporary, target, error);
-  if (error) throw std::runtime_error(fmt::format("cannot install {}: {}", target, error.message()));
+  if (error)
+    throw std::runtime_error(fmt::format("cannot install {}: {}", target, error.message()));
 }
 
 // What the config source holds, to tell an edit from a spurious file event.
@@ -103,7 +108,8 @@ std::string fingerprint(const std::string& directory, const std::string& file) {
 }
 
 std::string node_label_of(const nlohmann::json& node) {
-  return kube::string_at(node, nlohmann::json::json_pointer("/metadata/labels/nvidia.com~1device-plugin.config"));
+  return kube::string_at(
+      node, nlohmann::json::json_pointer("/metadata/labels/nvidia.com~1device-plugin.config"));
 }
 
 }  // namespace
@@ -177,7 +183,8 @@ void NodeAgent::start() {
         say(fmt::format("node {} cannot be read: {}", options_.node_name, failure.what()));
       }
     } else {
-      say(fmt::format("node {} cannot be read (HTTP {} {}); its config label is read once the "
+      say(
+          fmt::format("node {} cannot be read (HTTP {} {}); its config label is read once the "
                       "API server answers",
                       options_.node_name, node.status, node.error));
     }
@@ -189,7 +196,8 @@ void NodeAgent::start() {
   // The first config must be good: there is nothing older to keep serving.
   const ConfigSet set = read_configs();
   PluginConfig config = choose_config(set, {node_label_, options_.config_name});
-  for (const std::string& field : config.ignored) say(fmt::format("{}: {} is accepted and not acted on", config.origin, field));
+  for (const std::string& field : config.ignored)
+    say(fmt::format("{}: {} is accepted and not acted on", config.origin, field));
   auto first = std::make_shared<Served>(Served{config, build_resource_map(inventory_, config)});
   for (const std::string& note : first->map.notes) say(note);
   apply(first);
@@ -328,7 +336,8 @@ ContainerAllocation NodeAgent::allocate(const std::string& resource,
   if (served_resource->kind == ResourceKind::slices) {
     return slices_->allocate(inventory_, state->config, *served_resource, ids, health_);
   }
-  return expose_gpus(inventory_, state->config, requested_gpus(*served_resource, ids), random_uuid());
+  return expose_gpus(inventory_, state->config, requested_gpus(*served_resource, ids),
+                     random_uuid());
 }
 
 void NodeAgent::restart_health(const PluginConfig& config) {
@@ -375,18 +384,21 @@ void NodeAgent::register_all(bool restart_servers) {
 
 void NodeAgent::watch_kubelet() {
   const int fd = watch_directory(options_.device_plugin_dir, IN_CREATE | IN_MOVED_TO);
-  if (fd < 0) say(fmt::format("cannot watch {}; a kubelet restart is noticed by polling", options_.device_plugin_dir));
+  if (fd < 0)
+    say(fmt::format("cannot watch {}; a kubelet restart is noticed by polling",
+                    options_.device_plugin_dir));
   auto socket_inode = [this] {
-    struct stat info{};
-    return stat((options_.device_plugin_dir + "/" + kKubeletSocket).c_str(), &info) == 0 ? info.st_ino : 0;
+    struct stat info {};
+    return stat((options_.device_plugin_dir + "/" + kKubeletSocket).c_str(), &info) == 0
+               ? info.st_ino
+               : 0;
   };
   ino_t known = socket_inode();
   auto last_retry = Clock::now();
   while (!stopping_) {
     const std::vector<std::string> names = wait_for_events(fd, std::chrono::milliseconds(100));
-    const bool recreated =
-        std::find(names.begin(), names.end(), kKubeletSocket) != names.end() ||
-        (socket_inode() != known && socket_inode() != 0);
+    const bool recreated = std::find(names.begin(), names.end(), kKubeletSocket) != names.end() ||
+                           (socket_inode() != known && socket_inode() != 0);
     if (recreated) {
       known = socket_inode();
       say("the kubelet's socket was created anew: registering again");
@@ -414,8 +426,8 @@ void NodeAgent::watch_config() {
     if (directory.empty()) directory = ".";
   }
   if (directory.empty()) return;  // the built-in default: nothing to watch
-  const int fd = watch_directory(directory, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM |
-                                                IN_CREATE | IN_DELETE | IN_ATTRIB);
+  const int fd = watch_directory(
+      directory, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_ATTRIB);
   std::string seen = fingerprint(options_.config_dir, options_.config_file);
   auto last_poll = Clock::now();
   while (!stopping_) {
@@ -474,7 +486,8 @@ void NodeAgent::publish_loop() {
   while (!stopping_) {
     {
       std::unique_lock<std::mutex> locked(publish_mutex_);
-      publish_wanted_.wait_for(locked, kPublishRetry, [this] { return publish_pending_ || stopping_.load(); });
+      publish_wanted_.wait_for(locked, kPublishRetry,
+                               [this] { return publish_pending_ || stopping_.load(); });
       if (stopping_) return;
       if (!publish_pending_ && Clock::now() - last_collect < kCollectEvery) continue;
       publish_pending_ = false;
@@ -515,14 +528,16 @@ void NodeAgent::publish_loop() {
             {"annotations",
              {{kGpusAnnotation, kube::dump_outside_json(annotation)},
               {kConfigAnnotation, state->config.name},
-              {kConfigErrorAnnotation, error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))}}}}}};
+              {kConfigErrorAnnotation,
+               error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))}}}}}};
       const kube::ApiResponse answer = options_.api->patch("/api/v1/nodes/" + options_.node_name,
                                                            kube::dump_outside_json(patch));
       if (answer.status == 200) {
         published_labels_ = labels;
       } else {
-        say(fmt::format("node {}: labels and annotations not written: HTTP {} {}", options_.node_name,
-                        answer.status, answer.status == 0 ? answer.error : answer.body.substr(0, 300)));
+        say(fmt::format("node {}: labels and annotations not written: HTTP {} {}",
+                        options_.node_name, answer.status,
+                        answer.status == 0 ? answer.error : answer.body.substr(0, 300)));
         failed = true;
       }
       if (Clock::now() - last_collect >= kCollectEvery) {
@@ -533,8 +548,10 @@ void NodeAgent::publish_loop() {
           try {
             std::set<std::string> uids;
             const nlohmann::json body = kube::parse_outside_json(pods.body);
-            if (const nlohmann::json* items = kube::find_at(body, {"items"}); items != nullptr && items->is_array()) {
-              for (const auto& pod : *items) uids.insert(kube::string_at(pod, "/metadata/uid"_json_pointer));
+            if (const nlohmann::json* items = kube::find_at(body, {"items"});
+                items != nullptr && items->is_array()) {
+              for (const auto& pod : *items)
+                uids.insert(kube::string_at(pod, "/metadata/uid"_json_pointer));
               const int removed = slices_->collect(uids);
               if (removed > 0) say(fmt::format("removed {} ledger(s) of containers gone", removed));
             }
@@ -570,7 +587,8 @@ std::string NodeAgent::metrics() {
   for (const Resource& resource : state->map.resources) {
     AgentStatus::Served& entry = status.resources[resource.name];
     entry.devices = resource.devices.size();
-    for (const AdvertisedDevice& device : resource.devices) entry.healthy += health_.healthy(device.gpu);
+    for (const AdvertisedDevice& device : resource.devices)
+      entry.healthy += health_.healthy(device.gpu);
   }
   {
     std::lock_guard<std::mutex> locked(state_mutex_);

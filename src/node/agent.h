@@ -38,15 +38,15 @@ struct NodeAgentOptions {
   std::string node_name;
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string device_plugin_dir = "/var/lib/kubelet/device-plugins";
-  std::string config_file;  // one config (named after --config, or "default")
-  std::string config_dir;   // named configs, a file each (a mounted ConfigMap)
-  std::string config_name;  // the config to use when no node label names one
+  std::string config_file;   // one config (named after --config, or "default")
+  std::string config_dir;    // named configs, a file each (a mounted ConfigMap)
+  std::string config_name;   // the config to use when no node label names one
   std::string features_dir;  // empty: no features file
   std::string state_dir = "/var/lib/tessera";
   std::string hook_library;  // installed into state_dir for containers with slices
   std::chrono::milliseconds recovery_quiet{60000};
   ReplicaPolicy replica_policy = ReplicaPolicy::distributed;
-  std::unique_ptr<kube::ApiClient> api;  // null: no cluster
+  std::unique_ptr<kube::ApiClient> api;            // null: no cluster
   std::function<void(const std::string&)> report;  // the log; never throws
 };
 

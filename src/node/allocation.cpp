@@ -22,7 +22,7 @@ std::string join(const std::vector<std::string>& items, const char* separator) {
 }
 
 bool exists(const std::string& path) {
-  struct stat info{};
+  struct stat info {};
   return stat(path.c_str(), &info) == 0;
 }
 
@@ -65,15 +65,18 @@ std::vector<std::string> preferred_allocation(const Resource& resource,
   for (const std::string& id : available) {
     if (required.count(id) == 0) --allocated[resource.find(id)->gpu];
   }
-  const bool replicas = std::any_of(candidates.begin(), candidates.end(),
-                                    [](const AdvertisedDevice* device) { return device->replica >= 0; });
+  const bool replicas =
+      std::any_of(candidates.begin(), candidates.end(),
+                  [](const AdvertisedDevice* device) { return device->replica >= 0; });
   if (replicas) {
     for (int taken = 0; taken < needed; ++taken) {
       // Distributed: the GPU with the fewest allocated; packed: the most. Ties: lower GPU.
       const auto best = std::min_element(
-          candidates.begin(), candidates.end(), [&](const AdvertisedDevice* a, const AdvertisedDevice* b) {
+          candidates.begin(), candidates.end(),
+          [&](const AdvertisedDevice* a, const AdvertisedDevice* b) {
             const int left = allocated[a->gpu], right = allocated[b->gpu];
-            if (left != right) return policy == ReplicaPolicy::distributed ? left < right : left > right;
+            if (left != right)
+              return policy == ReplicaPolicy::distributed ? left < right : left > right;
             return std::tie(a->gpu, a->replica) < std::tie(b->gpu, b->replica);
           });
       ++allocated[(*best)->gpu];
@@ -93,7 +96,8 @@ std::vector<std::string> preferred_allocation(const Resource& resource,
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     const bool a_preferred = a == preferred, b_preferred = b == preferred;
     if (a_preferred != b_preferred) return a_preferred;
-    const int a_size = static_cast<int>(by_node[a].size()), b_size = static_cast<int>(by_node[b].size());
+    const int a_size = static_cast<int>(by_node[a].size()),
+              b_size = static_cast<int>(by_node[b].size());
     const bool a_holds = a_size >= needed, b_holds = b_size >= needed;
     if (a_holds != b_holds) return a_holds;
     return a_holds ? a_size < b_size : a_size > b_size;
@@ -109,7 +113,8 @@ std::vector<std::string> preferred_allocation(const Resource& resource,
 
 std::vector<int> requested_gpus(const Resource& resource, const std::vector<std::string>& ids) {
   if (ids.empty()) {
-    throw AllocationError(fmt::format("invalid allocation request for '{}': no devices", resource.name));
+    throw AllocationError(
+        fmt::format("invalid allocation request for '{}': no devices", resource.name));
   }
   int replicas = 0;
   std::vector<int> gpus;
@@ -135,13 +140,15 @@ std::vector<DeviceNodeSpec> device_nodes(const Inventory& inventory, const Plugi
   std::vector<DeviceNodeSpec> nodes;
   const std::string& root = config.flags.nvidia_dev_root;
   for (const int gpu : gpus) {
-    const std::string path = fmt::format("/dev/nvidia{}", inventory.gpus[static_cast<std::size_t>(gpu)].index);
+    const std::string path =
+        fmt::format("/dev/nvidia{}", inventory.gpus[static_cast<std::size_t>(gpu)].index);
     nodes.push_back({path, under_root(root, path), "rw"});
   }
   nodes.push_back({"/dev/nvidiactl", under_root(root, "/dev/nvidiactl"), "rw"});
   // As NVIDIA's plugin: these only where the host has them.
   for (const char* optional : {"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) {
-    if (exists(under_root(root, optional))) nodes.push_back({optional, under_root(root, optional), "rw"});
+    if (exists(under_root(root, optional)))
+      nodes.push_back({optional, under_root(root, optional), "rw"});
   }
   return nodes;
 }
@@ -166,8 +173,9 @@ ContainerAllocation expose_gpus(const Inventory& inventory, const PluginConfig& 
   std::vector<std::string> qualified;
   for (const std::string& id : ids) qualified.push_back(fmt::format("{}={}", kCdiKind, id));
   if (strategies.cdi_annotations) {
-    allocation.annotations[config.flags.cdi_annotation_prefix + "nvidia-device-plugin_" +
-                           response_id] = join(qualified, ",");
+    allocation
+        .annotations[config.flags.cdi_annotation_prefix + "nvidia-device-plugin_" + response_id] =
+        join(qualified, ",");
   }
   if (strategies.cdi_cri) allocation.cdi_devices = qualified;
   if (config.flags.pass_device_specs) allocation.devices = device_nodes(inventory, config, gpus);

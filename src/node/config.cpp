@@ -120,7 +120,8 @@ class Reader {
     return text;
   }
   static bool looks_boolean(const std::string& text) {
-    static const std::set<std::string> words = {"true", "false", "yes", "no", "on", "off", "y", "n"};
+    static const std::set<std::string> words = {"true", "false", "yes", "no",
+                                                "on",   "off",   "y",   "n"};
     return words.count(lower(text)) > 0;
   }
   static bool parse_integer(const std::string& text, std::int64_t& value) {
@@ -210,8 +211,9 @@ DeviceSelection device_selection(Reader& reader, const YAML::Node& node, const s
   reader.visit(path);
   if (node.IsScalar()) {
     const std::string& text = node.Scalar();
-    const bool number = node.Tag() == "?" && !text.empty() &&
-                        (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '+');
+    const bool number =
+        node.Tag() == "?" && !text.empty() &&
+        (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '+');
     if (number) {
       const std::int64_t count = reader.integer(node, path, INT64_MIN, INT64_MAX);
       if (count <= 0) {
@@ -267,14 +269,15 @@ SharedResource shared_resource(Reader& reader, const YAML::Node& node, const std
   }
   if (!node["replicas"]) reader.fail(path, "no replicas specified");
   const std::string replicas_path = Reader::join(path, "replicas");
-  const std::int64_t replicas = reader.integer(node["replicas"], replicas_path, INT64_MIN, INT64_MAX);
+  const std::int64_t replicas =
+      reader.integer(node["replicas"], replicas_path, INT64_MIN, INT64_MAX);
   if (slices ? replicas < 1 : replicas < 2) {
     reader.fail(replicas_path, fmt::format("number of replicas must be >= {} (replicas: {})",
                                            slices ? 1 : 2, replicas));
   }
   if (replicas > kMostReplicas) {
-    reader.fail(replicas_path, fmt::format("{} replicas is more than {} per device", replicas,
-                                           kMostReplicas));
+    reader.fail(replicas_path,
+                fmt::format("{} replicas is more than {} per device", replicas, kMostReplicas));
   }
   resource.replicas = static_cast<int>(replicas);
   if (slices && node["memoryPerSlice"]) {
@@ -288,8 +291,8 @@ SharedResource shared_resource(Reader& reader, const YAML::Node& node, const std
     }
   }
   if (slices && node["coresPerSlice"]) {
-    resource.cores_per_slice =
-        static_cast<int>(reader.integer(node["coresPerSlice"], Reader::join(path, "coresPerSlice"), 1, 100));
+    resource.cores_per_slice = static_cast<int>(
+        reader.integer(node["coresPerSlice"], Reader::join(path, "coresPerSlice"), 1, 100));
   }
   return resource;
 }
@@ -366,7 +369,8 @@ std::chrono::seconds duration(Reader& reader, const YAML::Node& node, const std:
   std::size_t at = 0;
   while (at < text.size()) {
     std::size_t end = at;
-    while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.'))
+    while (end < text.size() &&
+           (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.'))
       ++end;
     double number = 0;
     const auto [stop, error] = std::from_chars(text.data() + at, text.data() + end, number);
@@ -374,9 +378,14 @@ std::chrono::seconds duration(Reader& reader, const YAML::Node& node, const std:
     while (unit_end < text.size() && std::isalpha(static_cast<unsigned char>(text[unit_end])))
       ++unit_end;
     const std::string unit = text.substr(end, unit_end - end);
-    const double scale = unit == "h" ? 3600 : unit == "m" ? 60 : unit == "s" ? 1 : unit == "ms" ? 1e-3 : -1;
+    const double scale = unit == "h"    ? 3600
+                         : unit == "m"  ? 60
+                         : unit == "s"  ? 1
+                         : unit == "ms" ? 1e-3
+                                        : -1;
     if (end == at || error != std::errc() || stop != text.data() + end || scale < 0) {
-      reader.fail(path, fmt::format("'{}' is not a duration (write e.g. 60s or 1m30s)", text.substr(0, 200)));
+      reader.fail(path, fmt::format("'{}' is not a duration (write e.g. 60s or 1m30s)",
+                                    text.substr(0, 200)));
     }
     total += number * scale;
     at = unit_end;
@@ -390,11 +399,11 @@ std::chrono::seconds duration(Reader& reader, const YAML::Node& node, const std:
 void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConfig& config) {
   if (reader.is_absent(node)) return;
   reader.expect_map(node, "flags");
-  reader.check_keys(node, "flags",
-                    {"migStrategy", "failOnInitError", "mpsRoot", "nvidiaDriverRoot",
-                     "nvidiaDevRoot", "gdsEnabled", "mofedEnabled", "gdrcopyEnabled",
-                     "useNodeFeatureAPI", "deviceDiscoveryStrategy", "restartOnDeviceUnhealthy",
-                     "plugin", "gfd"});
+  reader.check_keys(
+      node, "flags",
+      {"migStrategy", "failOnInitError", "mpsRoot", "nvidiaDriverRoot", "nvidiaDevRoot",
+       "gdsEnabled", "mofedEnabled", "gdrcopyEnabled", "useNodeFeatureAPI",
+       "deviceDiscoveryStrategy", "restartOnDeviceUnhealthy", "plugin", "gfd"});
   auto ignore = [&](const char* name) {
     if (node[name]) config.ignored.push_back(std::string("flags.") + name);
   };
@@ -431,7 +440,8 @@ void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConf
     flags.mofed_enabled = reader.boolean(node["mofedEnabled"], "flags.mofedEnabled");
   }
   for (const char* name : {"gdrcopyEnabled", "useNodeFeatureAPI", "restartOnDeviceUnhealthy"}) {
-    if (node[name] && !node[name].IsNull()) reader.boolean(node[name], std::string("flags.") + name);
+    if (node[name] && !node[name].IsNull())
+      reader.boolean(node[name], std::string("flags.") + name);
     ignore(name);
   }
   if (node["deviceDiscoveryStrategy"] && !node["deviceDiscoveryStrategy"].IsNull()) {
@@ -446,10 +456,10 @@ void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConf
   }
   if (const YAML::Node plugin = node["plugin"]; !reader.is_absent(plugin)) {
     reader.expect_map(plugin, "flags.plugin");
-    reader.check_keys(plugin, "flags.plugin",
-                      {"passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy",
-                       "cdiAnnotationPrefix", "nvidiaCTKPath", "nvidiaCDIHookPath",
-                       "containerDriverRoot", "driverRootCtrPath"});
+    reader.check_keys(
+        plugin, "flags.plugin",
+        {"passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy", "cdiAnnotationPrefix",
+         "nvidiaCTKPath", "nvidiaCDIHookPath", "containerDriverRoot", "driverRootCtrPath"});
     if (plugin["passDeviceSpecs"] && !plugin["passDeviceSpecs"].IsNull()) {
       flags.pass_device_specs =
           reader.boolean(plugin["passDeviceSpecs"], "flags.plugin.passDeviceSpecs");
@@ -466,8 +476,9 @@ void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConf
       } else if (strategy == "index") {
         flags.device_id = DeviceIdStrategy::index;
       } else {
-        reader.fail("flags.plugin.deviceIDStrategy",
-                    fmt::format("invalid --device-id-strategy option: {}", strategy.substr(0, 200)));
+        reader.fail(
+            "flags.plugin.deviceIDStrategy",
+            fmt::format("invalid --device-id-strategy option: {}", strategy.substr(0, 200)));
       }
     }
     if (plugin["cdiAnnotationPrefix"] && !plugin["cdiAnnotationPrefix"].IsNull()) {
@@ -539,7 +550,8 @@ void read_imex(Reader& reader, const YAML::Node& node, PluginConfig& config) {
       reader.integer(ids[i], Reader::item("imex.channelIDs", i), 0, 2047);
     }
   }
-  if (node["required"] && !node["required"].IsNull()) reader.boolean(node["required"], "imex.required");
+  if (node["required"] && !node["required"].IsNull())
+    reader.boolean(node["required"], "imex.required");
   config.ignored.push_back("imex");
 }
 
@@ -635,7 +647,8 @@ std::string read_file_bounded(const std::string& path) {
   input.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(input.gcount()));
   if (text.size() > kMostConfigBytes) {
-    throw ConfigError(fmt::format("{}: larger than {} KiB; no config is", path, kMostConfigBytes >> 10));
+    throw ConfigError(
+        fmt::format("{}: larger than {} KiB; no config is", path, kMostConfigBytes >> 10));
   }
   return text;
 }
@@ -676,7 +689,8 @@ SharingStrategy PluginConfig::strategy() const {
 PluginConfig parse_plugin_config(std::string_view text, const std::string& origin,
                                  const std::string& name) {
   if (text.size() > kMostConfigBytes) {
-    throw ConfigError(fmt::format("{}: larger than {} KiB; no config is", origin, kMostConfigBytes >> 10));
+    throw ConfigError(
+        fmt::format("{}: larger than {} KiB; no config is", origin, kMostConfigBytes >> 10));
   }
   check_nesting(text, origin);
   YAML::Node root;
@@ -719,17 +733,16 @@ PluginConfig parse_plugin_config(std::string_view text, const std::string& origi
       reader.check_keys(mig, "sharing.mig", {"strategy"});
       if (mig["strategy"] && !mig["strategy"].IsNull()) {
         const MigStrategy flag_strategy = config.flags.mig_strategy;
-        const bool flag_given = root["flags"] && root["flags"]["migStrategy"] &&
-                                !root["flags"]["migStrategy"].IsNull();
+        const bool flag_given =
+            root["flags"] && root["flags"]["migStrategy"] && !root["flags"]["migStrategy"].IsNull();
         YAML::Node as_flags;
         as_flags["migStrategy"] = mig["strategy"];
         Flags alias;
         read_flags(reader, as_flags, alias, config);
         if (flag_given && alias.mig_strategy != flag_strategy) {
-          reader.fail("sharing.mig.strategy",
-                      fmt::format("'{}' contradicts flags.migStrategy '{}'",
-                                  mig_strategy_name(alias.mig_strategy),
-                                  mig_strategy_name(flag_strategy)));
+          reader.fail("sharing.mig.strategy", fmt::format("'{}' contradicts flags.migStrategy '{}'",
+                                                          mig_strategy_name(alias.mig_strategy),
+                                                          mig_strategy_name(flag_strategy)));
         }
         config.flags.mig_strategy = alias.mig_strategy;
       }
@@ -758,7 +771,8 @@ PluginConfig parse_plugin_config(std::string_view text, const std::string& origi
       reader.fail("flags.mpsRoot", "using MPS requires --mps-root to be specified");
     }
   }
-  if (config.flags.nvidia_dev_root.empty()) config.flags.nvidia_dev_root = config.flags.nvidia_driver_root;
+  if (config.flags.nvidia_dev_root.empty())
+    config.flags.nvidia_dev_root = config.flags.nvidia_driver_root;
   return config;
 }
 
@@ -787,7 +801,8 @@ ConfigSet read_config_directory(const std::string& directory) {
   for (const fs::path& file : files) {
     const std::string name = file.filename().string();
     try {
-      set.configs[name] = parse_plugin_config(read_file_bounded(file.string()), file.string(), name);
+      set.configs[name] =
+          parse_plugin_config(read_file_bounded(file.string()), file.string(), name);
     } catch (const ConfigError& refused) {
       set.refused[name] = refused.what();
     }
@@ -816,7 +831,8 @@ PluginConfig choose_config(const ConfigSet& set, const ConfigChoice& choice) {
     throw ConfigError(fmt::format("{} names config '{}', which does not exist (configs: {})",
                                   because, name.substr(0, 200), names.empty() ? "none" : names));
   };
-  if (!choice.label.empty()) return named(choice.label, std::string("the node label ") + kConfigLabel);
+  if (!choice.label.empty())
+    return named(choice.label, std::string("the node label ") + kConfigLabel);
   if (!choice.fallback.empty()) return named(choice.fallback, "--config");
   if (set.configs.size() + set.refused.size() == 1) {
     if (!set.refused.empty()) throw ConfigError(set.refused.begin()->second);

@@ -36,7 +36,8 @@ std::set<std::uint64_t> xid_list(const std::string& text, const char* variable,
       if (error == std::errc() && end == item.data() + item.size()) {
         xids.insert(xid);
       } else {
-        notes.push_back(fmt::format("{}: '{}' is not an XID; ignored", variable, item.substr(0, 40)));
+        notes.push_back(
+            fmt::format("{}: '{}' is not an XID; ignored", variable, item.substr(0, 40)));
       }
     }
     start = comma + 1;
@@ -49,13 +50,13 @@ std::set<std::uint64_t> xid_list(const std::string& text, const char* variable,
 bool HealthPolicy::critical(std::uint64_t type, std::uint64_t xid) const {
   if (!enabled || (type & event_types) == 0) return false;
   if (type == nvmlEventTypeDoubleBitEccError) return true;  // memory that cannot be trusted
-  if (type != nvmlEventTypeXidCriticalError) return false;   // corrected errors: counted only
+  if (type != nvmlEventTypeXidCriticalError) return false;  // corrected errors: counted only
   if (ignored_xids.count(xid) > 0) return false;
   return all_critical || critical_xids.count(xid) > 0;
 }
 
-HealthPolicy health_policy(const HealthSettings& settings, const char* disable,
-                           const char* enable, std::chrono::milliseconds recovery_quiet) {
+HealthPolicy health_policy(const HealthSettings& settings, const char* disable, const char* enable,
+                           std::chrono::milliseconds recovery_quiet) {
   HealthPolicy policy;
   policy.enabled = !settings.disabled;
   policy.event_types = (settings.xid_events ? nvmlEventTypeXidCriticalError : 0) |
@@ -182,7 +183,8 @@ void HealthMonitor::run() {
       events = std::make_unique<EventSet>(nvml_, inventory_, policy_.event_types);
       // A GPU that cannot be watched cannot be vouched for, as NVIDIA's plugin holds.
       for (const auto& [gpu, why] : events->unwatched()) {
-        report_(fmt::format("GPU {} cannot be watched for errors ({}); marked unhealthy", gpu, why));
+        report_(
+            fmt::format("GPU {} cannot be watched for errors ({}); marked unhealthy", gpu, why));
         if (board_.record_error(gpu, "cannot be watched: " + why, Clock::now())) changed_();
       }
     } catch (const std::exception& failure) {
@@ -207,12 +209,12 @@ void HealthMonitor::run() {
               event.type == abi::nvmlEventTypeXidCriticalError ? event.data : 48;
           if (event.type != abi::nvmlEventTypeSingleBitEccError) board_.count_event(xid);
           if (policy_.critical(event.type, event.data)) {
-            const std::string reason =
-                event.type == abi::nvmlEventTypeXidCriticalError
-                    ? fmt::format("XID {}", event.data)
-                    : std::string("uncorrectable (double-bit) ECC error");
-            report_(fmt::format("{} on GPU {}: its devices are unhealthy", reason,
-                                event.gpu < 0 ? std::string("(unknown: all)") : std::to_string(event.gpu)));
+            const std::string reason = event.type == abi::nvmlEventTypeXidCriticalError
+                                           ? fmt::format("XID {}", event.data)
+                                           : std::string("uncorrectable (double-bit) ECC error");
+            report_(fmt::format(
+                "{} on GPU {}: its devices are unhealthy", reason,
+                event.gpu < 0 ? std::string("(unknown: all)") : std::to_string(event.gpu)));
             if (board_.record_error(event.gpu, reason, Clock::now())) changed_();
           }
           break;

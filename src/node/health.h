@@ -34,8 +34,8 @@ struct HealthPolicy {
   // Whether this event makes its GPU unhealthy.
   bool critical(std::uint64_t type, std::uint64_t xid) const;
 };
-HealthPolicy health_policy(const HealthSettings& settings, const char* disable,
-                           const char* enable, std::chrono::milliseconds recovery_quiet);
+HealthPolicy health_policy(const HealthSettings& settings, const char* disable, const char* enable,
+                           std::chrono::milliseconds recovery_quiet);
 
 // Each GPU's health, shared by the monitor (writer) and the plugins (readers).
 class HealthBoard {
@@ -77,6 +77,7 @@ class HealthMonitor {
   ~HealthMonitor();
   HealthMonitor(const HealthMonitor&) = delete;
   HealthMonitor& operator=(const HealthMonitor&) = delete;
+
  private:
   void run();
   Nvml& nvml_;

@@ -49,15 +49,18 @@ std::string label_value(const std::string& text) {
     if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') value += c;
   }
   if (value.size() > 63) value.resize(63);
-  while (!value.empty() && !std::isalnum(static_cast<unsigned char>(value.back()))) value.pop_back();
-  while (!value.empty() && !std::isalnum(static_cast<unsigned char>(value.front()))) value.erase(0, 1);
+  while (!value.empty() && !std::isalnum(static_cast<unsigned char>(value.back())))
+    value.pop_back();
+  while (!value.empty() && !std::isalnum(static_cast<unsigned char>(value.front())))
+    value.erase(0, 1);
   return value;
 }
 
 std::string product_name(const std::string& model) {
   std::string kept;
   for (const char c : model) {
-    if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == ' ') {
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ||
+        c == ' ') {
       kept += c;
     }
   }
@@ -116,8 +119,8 @@ Labels gpu_labels(const Inventory& inventory, const PluginConfig& config, std::t
   // Driver X.Y[.Z] and the CUDA version it supports, in GFD's old and new spellings.
   std::vector<std::string> parts;
   for (std::size_t start = 0; start <= inventory.driver_version.size();) {
-    const std::size_t dot = std::min(inventory.driver_version.find('.', start),
-                                     inventory.driver_version.size());
+    const std::size_t dot =
+        std::min(inventory.driver_version.find('.', start), inventory.driver_version.size());
     parts.push_back(label_value(inventory.driver_version.substr(start, dot - start)));
     start = dot + 1;
   }
@@ -138,20 +141,23 @@ Labels gpu_labels(const Inventory& inventory, const PluginConfig& config, std::t
 
   // The GPU labels describe the node's first GPU, as GFD's do on a node of one model.
   const GpuInfo& gpu = inventory.gpus.front();
-  const SharedResources& shared = strategy == SharingStrategy::slices ? config.slices : config.replicated();
+  const SharedResources& shared =
+      strategy == SharingStrategy::slices ? config.slices : config.replicated();
   const SharedResource* replicated = nullptr;
   for (const SharedResource& resource : shared.resources) {
     if (resource.name == "nvidia.com/gpu") replicated = &resource;
   }
-  const bool is_shared = replicated != nullptr && (replicated->replicas > 1 || strategy == SharingStrategy::slices);
-  const bool renamed = replicated != nullptr && (!replicated->rename.empty() || shared.rename_by_default);
+  const bool is_shared =
+      replicated != nullptr && (replicated->replicas > 1 || strategy == SharingStrategy::slices);
+  const bool renamed =
+      replicated != nullptr && (!replicated->rename.empty() || shared.rename_by_default);
   std::string product = product_name(gpu.name);
   if (is_shared && !renamed) product += "-SHARED";
   labels["nvidia.com/gpu.product"] = label_value(product);
   labels["nvidia.com/gpu.count"] = std::to_string(inventory.gpus.size());
-  labels["nvidia.com/gpu.replicas"] = std::to_string(replicated != nullptr ? replicated->replicas : 1);
-  labels["nvidia.com/gpu.sharing-strategy"] =
-      is_shared ? sharing_strategy_name(strategy) : "none";
+  labels["nvidia.com/gpu.replicas"] =
+      std::to_string(replicated != nullptr ? replicated->replicas : 1);
+  labels["nvidia.com/gpu.sharing-strategy"] = is_shared ? sharing_strategy_name(strategy) : "none";
   labels["nvidia.com/gpu.memory"] = std::to_string(gpu.memory_bytes >> 20);
   if (gpu.cc_major > 0) {
     labels["nvidia.com/gpu.family"] = gpu_family(gpu.cc_major, gpu.cc_minor);
@@ -189,7 +195,8 @@ nlohmann::json gpus_annotation(const Inventory& inventory, const ResourceMap& ma
     const char* sharing = gpu_sharing(map, index, strategy, slices);
     bool served = std::string(sharing) != "none";
     for (const Resource& resource : map.resources) {
-      for (const AdvertisedDevice& device : resource.devices) served = served || device.gpu == index;
+      for (const AdvertisedDevice& device : resource.devices)
+        served = served || device.gpu == index;
     }
     if (!served) continue;  // not advertised (MIG enabled without devices)
     gpus.push_back({{"index", gpu.index},

@@ -123,7 +123,8 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
                   "1 while the GPU is healthy; 0 after a critical XID or ECC error, until the "
                   "recovery period passes without one");
     for (std::size_t gpu = 0; gpu < inventory.gpus.size(); ++gpu) {
-      health.sample(gpu_labels(static_cast<int>(gpu)), status.health->healthy(static_cast<int>(gpu)) ? 1 : 0);
+      health.sample(gpu_labels(static_cast<int>(gpu)),
+                    status.health->healthy(static_cast<int>(gpu)) ? 1 : 0);
     }
   }
   {
@@ -137,7 +138,8 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
   {
     Family memory(out, "tessera_gpu_memory_total_bytes", "gauge", "The GPU's memory");
     for (std::size_t gpu = 0; gpu < inventory.gpus.size(); ++gpu) {
-      memory.sample(gpu_labels(static_cast<int>(gpu)), static_cast<double>(inventory.gpus[gpu].memory_bytes));
+      memory.sample(gpu_labels(static_cast<int>(gpu)),
+                    static_cast<double>(inventory.gpus[gpu].memory_bytes));
     }
   }
   {
@@ -153,14 +155,16 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
     Family allocations(out, "tessera_allocations_total", "counter",
                        "Containers given devices by Allocate");
     for (const auto& [name, served] : status.resources) {
-      allocations.sample(fmt::format("resource=\"{}\"", metric_label(name)), static_cast<double>(served.allocations));
+      allocations.sample(fmt::format("resource=\"{}\"", metric_label(name)),
+                         static_cast<double>(served.allocations));
     }
   }
   {
     Family refusals(out, "tessera_allocation_refusals_total", "counter",
                     "Allocate requests refused (the pod sees UnexpectedAdmissionError)");
     for (const auto& [name, served] : status.resources) {
-      refusals.sample(fmt::format("resource=\"{}\"", metric_label(name)), static_cast<double>(served.refusals));
+      refusals.sample(fmt::format("resource=\"{}\"", metric_label(name)),
+                      static_cast<double>(served.refusals));
     }
   }
   {
@@ -198,28 +202,35 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
       priority_text, members_text, damaged_text;
   for (const Group& group : groups) {
     if (!group.damage.empty()) {
-      damaged_text += fmt::format("tessera_container_ledger_damaged{{{}{}}} 1\n", group.labels, host);
+      damaged_text +=
+          fmt::format("tessera_container_ledger_damaged{{{}{}}} 1\n", group.labels, host);
       continue;
     }
-    members_text += fmt::format("tessera_container_processes{{{}{}}} {}\n", group.labels, host, group.members);
-    priority_text += fmt::format("tessera_container_priority{{{}{},priority=\"{}\"}} 1\n", group.labels,
-                                 host, priority_name(group.priority));
+    members_text +=
+        fmt::format("tessera_container_processes{{{}{}}} {}\n", group.labels, host, group.members);
+    priority_text += fmt::format("tessera_container_priority{{{}{},priority=\"{}\"}} 1\n",
+                                 group.labels, host, priority_name(group.priority));
     for (std::size_t i = 0; i < group.usage.size(); ++i) {
       const ledger::DeviceUsage& usage = group.usage[i];
       const std::string labels = group.labels + "," + gpu_labels(group.gpus[i]);
       if (usage.limit != kUnlimited) limit.sample(labels, static_cast<double>(usage.limit));
-      used_text += fmt::format("tessera_container_memory_used_bytes{{{}}} {}\n", labels, usage.used);
-      peak_text += fmt::format("tessera_container_memory_peak_bytes{{{}}} {}\n", labels, usage.peak);
-      refused_text += fmt::format("tessera_container_memory_refusals_total{{{}}} {}\n", labels, usage.rejections);
+      used_text +=
+          fmt::format("tessera_container_memory_used_bytes{{{}}} {}\n", labels, usage.used);
+      peak_text +=
+          fmt::format("tessera_container_memory_peak_bytes{{{}}} {}\n", labels, usage.peak);
+      refused_text += fmt::format("tessera_container_memory_refusals_total{{{}}} {}\n", labels,
+                                  usage.rejections);
       if (usage.cores != 0) {
-        asked_text += fmt::format("tessera_container_compute_share_percent{{{}}} {}\n", labels, usage.cores);
+        asked_text +=
+            fmt::format("tessera_container_compute_share_percent{{{}}} {}\n", labels, usage.cores);
       }
       throttled_text += fmt::format("tessera_container_throttled_seconds_total{{{}}} {}\n", labels,
                                     static_cast<double>(usage.throttled_ns) / 1e9);
       const std::string key = group.directory + "#" + std::to_string(i);
       current[key] = Sample{usage.device_time_ns, now};
-      if (const auto before = previous_.find(key); before != previous_.end() && now > before->second.at_ns &&
-                                                   usage.device_time_ns >= before->second.device_time_ns) {
+      if (const auto before = previous_.find(key);
+          before != previous_.end() && now > before->second.at_ns &&
+          usage.device_time_ns >= before->second.device_time_ns) {
         achieved_text += fmt::format(
             "tessera_container_compute_achieved_percent{{{}}} {:.2f}\n", labels,
             100.0 * static_cast<double>(usage.device_time_ns - before->second.device_time_ns) /
@@ -228,19 +239,29 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
     }
   }
   previous_ = std::move(current);
-  auto family = [&out](const char* name, const char* type, const char* help, const std::string& samples) {
+  auto family = [&out](const char* name, const char* type, const char* help,
+                       const std::string& samples) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", name, help, name, type, samples);
   };
-  family("tessera_container_memory_used_bytes", "gauge", "Device memory the container's live processes hold", used_text);
-  family("tessera_container_memory_peak_bytes", "gauge", "The most the container has held", peak_text);
-  family("tessera_container_memory_refusals_total", "counter", "Allocations refused for the limit", refused_text);
-  family("tessera_container_compute_share_percent", "gauge", "The compute share the container was given", asked_text);
+  family("tessera_container_memory_used_bytes", "gauge",
+         "Device memory the container's live processes hold", used_text);
+  family("tessera_container_memory_peak_bytes", "gauge", "The most the container has held",
+         peak_text);
+  family("tessera_container_memory_refusals_total", "counter", "Allocations refused for the limit",
+         refused_text);
+  family("tessera_container_compute_share_percent", "gauge",
+         "The compute share the container was given", asked_text);
   family("tessera_container_compute_achieved_percent", "gauge",
-         "Device time the container's launches were granted since the previous scrape, percent", achieved_text);
-  family("tessera_container_throttled_seconds_total", "counter", "Time the container's launches waited for their share", throttled_text);
-  family("tessera_container_priority", "gauge", "The container's priority (high, low or none)", priority_text);
-  family("tessera_container_processes", "gauge", "Live processes in the container's group", members_text);
-  family("tessera_container_ledger_damaged", "gauge", "1 for a container whose ledger cannot be trusted", damaged_text);
+         "Device time the container's launches were granted since the previous scrape, percent",
+         achieved_text);
+  family("tessera_container_throttled_seconds_total", "counter",
+         "Time the container's launches waited for their share", throttled_text);
+  family("tessera_container_priority", "gauge", "The container's priority (high, low or none)",
+         priority_text);
+  family("tessera_container_processes", "gauge", "Live processes in the container's group",
+         members_text);
+  family("tessera_container_ledger_damaged", "gauge",
+         "1 for a container whose ledger cannot be trusted", damaged_text);
   return out;
 }
 

@@ -18,10 +18,12 @@ Nvml::Nvml(const std::string& library) : library_(library) {
     throw std::runtime_error(fmt::format("cannot load NVML ({}): {}", library, dlerror()));
   }
   simulated_ = dlsym(handle_, "tesseraSimulatedGpu") != nullptr;
-  error_string_ = reinterpret_cast<const char* (*)(nvmlReturn_t)>(dlsym(handle_, "nvmlErrorString"));
+  error_string_ =
+      reinterpret_cast<const char* (*)(nvmlReturn_t)>(dlsym(handle_, "nvmlErrorString"));
   // The basic calls every driver has; the inventory's are looked up too, and left null where
   // an older driver lacks them.
-#define TESSERA_NVML_RESOLVE(name, params) name = reinterpret_cast<PFN_##name>(dlsym(handle_, #name));
+#define TESSERA_NVML_RESOLVE(name, params) \
+  name = reinterpret_cast<PFN_##name>(dlsym(handle_, #name));
   TESSERA_NVML_PASSTHROUGH(TESSERA_NVML_RESOLVE)
   TESSERA_NVML_INVENTORY(TESSERA_NVML_RESOLVE)
 #undef TESSERA_NVML_RESOLVE
@@ -78,7 +80,8 @@ Inventory read_inventory(Nvml& nvml) {
   char version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE] = {};
   if (const nvmlReturn_t status = nvml.nvmlSystemGetDriverVersion(version, sizeof version);
       status != NVML_SUCCESS) {
-    throw std::runtime_error(fmt::format("NVML cannot say the driver version: {}", nvml.error_text(status)));
+    throw std::runtime_error(
+        fmt::format("NVML cannot say the driver version: {}", nvml.error_text(status)));
   }
   inventory.driver_version = version;
   int cuda = 0;
@@ -89,7 +92,8 @@ Inventory read_inventory(Nvml& nvml) {
   }
   unsigned count = 0;
   if (const nvmlReturn_t status = nvml.nvmlDeviceGetCount_v2(&count); status != NVML_SUCCESS) {
-    throw std::runtime_error(fmt::format("NVML cannot count the GPUs: {}", nvml.error_text(status)));
+    throw std::runtime_error(
+        fmt::format("NVML cannot count the GPUs: {}", nvml.error_text(status)));
   }
   for (unsigned index = 0; index < count; ++index) {
     GpuInfo gpu;
@@ -100,8 +104,8 @@ Inventory read_inventory(Nvml& nvml) {
     nvmlMemory_t memory{};
     auto require = [&](nvmlReturn_t status, const char* call) {
       if (status != NVML_SUCCESS) {
-        throw std::runtime_error(
-            fmt::format("NVML cannot describe GPU {}: {}: {}", index, call, nvml.error_text(status)));
+        throw std::runtime_error(fmt::format("NVML cannot describe GPU {}: {}: {}", index, call,
+                                             nvml.error_text(status)));
       }
     };
     require(nvml.nvmlDeviceGetHandleByIndex_v2(index, &device), "nvmlDeviceGetHandleByIndex");
@@ -111,6 +115,7 @@ Inventory read_inventory(Nvml& nvml) {
     gpu.name = name;
     gpu.uuid = uuid;
     gpu.memory_bytes = memory.total;
+    gpu.memory_used = memory.used;
     if (nvml.nvmlDeviceGetCudaComputeCapability != nullptr) {
       require(nvml.nvmlDeviceGetCudaComputeCapability(device, &gpu.cc_major, &gpu.cc_minor),
               "nvmlDeviceGetCudaComputeCapability");
@@ -149,7 +154,8 @@ EventSet::EventSet(Nvml& nvml, const Inventory& inventory, std::uint64_t types) 
     throw std::runtime_error("this NVML has no event sets; health checks are off");
   }
   if (const nvmlReturn_t status = nvml.nvmlEventSetCreate(&set_); status != NVML_SUCCESS) {
-    throw std::runtime_error(fmt::format("cannot create an NVML event set: {}", nvml.error_text(status)));
+    throw std::runtime_error(
+        fmt::format("cannot create an NVML event set: {}", nvml.error_text(status)));
   }
   for (const GpuInfo& gpu : inventory.gpus) {
     uuids_.push_back(gpu.uuid);
@@ -159,7 +165,8 @@ EventSet::EventSet(Nvml& nvml, const Inventory& inventory, std::uint64_t types) 
     if (status == NVML_SUCCESS && nvml.nvmlDeviceGetSupportedEventTypes != nullptr) {
       status = nvml.nvmlDeviceGetSupportedEventTypes(device, &supported);
     }
-    if (status == NVML_SUCCESS) status = nvml.nvmlDeviceRegisterEvents(device, types & supported, set_);
+    if (status == NVML_SUCCESS)
+      status = nvml.nvmlDeviceRegisterEvents(device, types & supported, set_);
     if (status != NVML_SUCCESS) {
       unwatched_.emplace_back(static_cast<int>(gpu.index), nvml.error_text(status));
     }
@@ -180,7 +187,8 @@ EventSet::Outcome EventSet::wait(unsigned timeout_ms, DeviceEvent& event, std::s
   }
   event = DeviceEvent{-1, data.eventType, data.eventData};
   char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
-  if (data.device != nullptr && nvml_.nvmlDeviceGetUUID(data.device, uuid, sizeof uuid) == NVML_SUCCESS) {
+  if (data.device != nullptr &&
+      nvml_.nvmlDeviceGetUUID(data.device, uuid, sizeof uuid) == NVML_SUCCESS) {
     const auto found = std::find(uuids_.begin(), uuids_.end(), std::string(uuid));
     if (found != uuids_.end()) event.gpu = static_cast<int>(found - uuids_.begin());
   }

@@ -45,6 +45,7 @@ struct GpuInfo {
   std::string name;        // "NVIDIA H100 80GB HBM3"
   std::string pci_bus_id;  // "00000000:17:00.0"
   std::uint64_t memory_bytes = 0;
+  std::uint64_t memory_used = 0;  // when the inventory was read
   int cc_major = 0, cc_minor = 0;
   int sm_count = 0;    // 0: NVML does not say
   int numa_node = -1;  // -1: none reported
@@ -54,7 +55,7 @@ struct GpuInfo {
 
 struct Inventory {
   std::vector<GpuInfo> gpus;
-  std::string driver_version;      // "580.65.06"
+  std::string driver_version;          // "580.65.06"
   int cuda_major = 0, cuda_minor = 0;  // the CUDA version the driver supports
   bool simulated = false;
 };

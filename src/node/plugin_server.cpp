@@ -32,7 +32,8 @@ std::uint64_t ChangeSignal::wait(std::uint64_t seen, std::chrono::milliseconds t
 
 std::string socket_name_for(const std::string& resource) {
   const std::size_t slash = resource.find('/');
-  return "tessera-" + (slash == std::string::npos ? resource : resource.substr(slash + 1)) + ".sock";
+  return "tessera-" + (slash == std::string::npos ? resource : resource.substr(slash + 1)) +
+         ".sock";
 }
 
 class DevicePluginServer::Service final : public v1beta1::DevicePlugin::Service {
@@ -88,9 +89,9 @@ class DevicePluginServer::Service final : public v1beta1::DevicePlugin::Service 
         }
       }
     } catch (const std::exception& refused) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          fmt::format("error getting list of preferred allocation devices: {}",
-                                      refused.what()));
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          fmt::format("error getting list of preferred allocation devices: {}", refused.what()));
     }
     return grpc::Status::OK;
   }
@@ -119,7 +120,8 @@ class DevicePluginServer::Service final : public v1beta1::DevicePlugin::Service 
         for (const auto& [key, value] : allocation.annotations) {
           (*answer->mutable_annotations())[key] = value;
         }
-        for (const std::string& name : allocation.cdi_devices) answer->add_cdi_devices()->set_name(name);
+        for (const std::string& name : allocation.cdi_devices)
+          answer->add_cdi_devices()->set_name(name);
       }
     } catch (const std::exception& refused) {  // AllocationError, or a defect: said either way
       ++owner_.refusals_;
@@ -159,7 +161,8 @@ void DevicePluginServer::start() {
   stopping_ = false;
   const std::string path = socket_path();
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-    throw std::runtime_error(fmt::format("cannot remove the stale socket {}: {}", path, std::strerror(errno)));
+    throw std::runtime_error(
+        fmt::format("cannot remove the stale socket {}: {}", path, std::strerror(errno)));
   }
   service_ = std::make_unique<Service>(*this);
   grpc::ServerBuilder builder;
@@ -196,7 +199,8 @@ bool DevicePluginServer::register_with_kubelet(std::string& error) const {
   v1beta1::Empty answer;
   const grpc::Status status = stub->Register(&context, request, &answer);
   if (!status.ok()) {
-    error = fmt::format("registering {} with the kubelet failed: {}", resource_, status.error_message());
+    error = fmt::format("registering {} with the kubelet failed: {}", resource_,
+                        status.error_message());
     return false;
   }
   return true;

@@ -17,10 +17,10 @@ std::vector<int> selected_gpus(const std::vector<int>& candidates, const Invento
     case DeviceSelection::Kind::all:
       return candidates;
     case DeviceSelection::Kind::count:
-      return std::vector<int>(candidates.begin(),
-                              candidates.begin() + std::min<std::size_t>(
-                                                       candidates.size(),
-                                                       static_cast<std::size_t>(selection.count)));
+      return std::vector<int>(
+          candidates.begin(),
+          candidates.begin() +
+              std::min<std::size_t>(candidates.size(), static_cast<std::size_t>(selection.count)));
     case DeviceSelection::Kind::list:
       break;
   }
@@ -75,9 +75,10 @@ std::vector<int> whole_gpus(const Inventory& inventory, const PluginConfig& conf
   }
   for (const GpuInfo& gpu : inventory.gpus) {
     if (gpu.mig_enabled) {
-      notes.push_back(fmt::format("GPU {} has MIG enabled and no MIG device is served yet; "
-                                  "it is not advertised",
-                                  gpu.index));
+      notes.push_back(
+          fmt::format("GPU {} has MIG enabled and no MIG device is served yet; "
+                      "it is not advertised",
+                      gpu.index));
       continue;
     }
     gpus.push_back(static_cast<int>(gpu.index));
@@ -97,8 +98,8 @@ void add_shared(ResourceMap& map, const Inventory& inventory, std::vector<int>& 
                 const SharedResources& section, const SharedResource& shared, ResourceKind kind,
                 const std::string& where) {
   if (shared.name != kGpuResource) {
-    map.notes.push_back(fmt::format("{}: {} matches no device on this node; skipped", where,
-                                    shared.name));
+    map.notes.push_back(
+        fmt::format("{}: {} matches no device on this node; skipped", where, shared.name));
     return;  // MIG resources on a node without MIG devices, as NVIDIA's plugin skips them
   }
   const std::vector<int> gpus = selected_gpus(unshared, inventory, shared.devices, where);

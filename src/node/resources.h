@@ -17,9 +17,9 @@ namespace tessera::node {
 enum class ResourceKind { whole, replicated, slices };
 
 struct AdvertisedDevice {
-  std::string id;     // what the kubelet sees
-  int gpu = -1;       // the inventory's index of the GPU behind it
-  int replica = -1;   // -1 for a whole GPU
+  std::string id;    // what the kubelet sees
+  int gpu = -1;      // the inventory's index of the GPU behind it
+  int replica = -1;  // -1 for a whole GPU
   int numa_node = -1;
 };
 
@@ -27,10 +27,10 @@ struct Resource {
   std::string name;  // nvidia.com/gpu, nvidia.com/gpu.shared, ...
   ResourceKind kind = ResourceKind::whole;
   std::vector<AdvertisedDevice> devices;
-  int replicas = 1;                      // per GPU, for replicated and slices
+  int replicas = 1;  // per GPU, for replicated and slices
   bool fail_requests_greater_than_one = false;
-  std::uint64_t memory_per_slice = 0;    // slices: bytes; 0: the GPU's memory / replicas
-  int cores_per_slice = 0;               // slices: percent; 0: no cap
+  std::uint64_t memory_per_slice = 0;  // slices: bytes; 0: the GPU's memory / replicas
+  int cores_per_slice = 0;             // slices: percent; 0: no cap
 
   const AdvertisedDevice* find(const std::string& id) const;
   // Everything that, changed, needs the kubelet to hear of the resource anew.

@@ -32,8 +32,7 @@ std::vector<int> scheduler_numbering(const Inventory& inventory, const ResourceM
     bool counted = false;
     auto consider = [&](const Resource& candidate) {
       for (const AdvertisedDevice& device : candidate.devices) {
-        if (device.gpu == index &&
-            (candidate.kind == ResourceKind::slices || device.replica < 0)) {
+        if (device.gpu == index && (candidate.kind == ResourceKind::slices || device.replica < 0)) {
           counted = true;
         }
       }
@@ -67,15 +66,19 @@ std::vector<std::string> split(const std::string& text) {
 
 }  // namespace
 
-SliceAllocator::SliceAllocator(const kube::ApiClient* api, std::string node_name,
-                               SliceFiles files, Reporter report)
-    : api_(api), node_name_(std::move(node_name)), files_(std::move(files)), report_(std::move(report)) {}
+SliceAllocator::SliceAllocator(const kube::ApiClient* api, std::string node_name, SliceFiles files,
+                               Reporter report)
+    : api_(api),
+      node_name_(std::move(node_name)),
+      files_(std::move(files)),
+      report_(std::move(report)) {}
 
 void SliceAllocator::prepare() const {
   std::error_code error;
   fs::create_directories(files_.ledger_root, error);
   if (error) {
-    throw std::runtime_error(fmt::format("cannot create {}: {}", files_.ledger_root, error.message()));
+    throw std::runtime_error(
+        fmt::format("cannot create {}: {}", files_.ledger_root, error.message()));
   }
   fs::create_directories(fs::path(files_.preload_file).parent_path(), error);
   std::ofstream preload(files_.preload_file, std::ios::trunc);
@@ -91,7 +94,8 @@ SliceGrant SliceAllocator::defaults(const Inventory& inventory, const Resource& 
     const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
     grant.memory_bytes.push_back(resource.memory_per_slice != 0
                                      ? resource.memory_per_slice
-                                     : info.memory_bytes / static_cast<std::uint64_t>(resource.replicas));
+                                     : info.memory_bytes /
+                                           static_cast<std::uint64_t>(resource.replicas));
     grant.cores.push_back(resource.cores_per_slice);
   }
   grant.source = "the slice's defaults";
@@ -104,9 +108,10 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
   for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
     const kube::ApiResponse listed = api_->get(path);
     if (listed.status != 200) {
-      report_(fmt::format("slices: cannot list this node's pods (HTTP {} {}); the slice's "
-                          "defaults apply",
-                          listed.status, listed.error));
+      report_(
+          fmt::format("slices: cannot list this node's pods (HTTP {} {}); the slice's "
+                      "defaults apply",
+                      listed.status, listed.error));
       return false;
     }
     struct Candidate {
@@ -147,8 +152,8 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
                                    candidate.pod.name);
       candidate.version = string_at(item, "/metadata/resourceVersion"_json_pointer);
       candidate.created = string_at(item, "/metadata/creationTimestamp"_json_pointer);
-      candidate.allocated =
-          string_at(item, nlohmann::json::json_pointer("/metadata/annotations/tessera.io~1allocated"));
+      candidate.allocated = string_at(
+          item, nlohmann::json::json_pointer("/metadata/annotations/tessera.io~1allocated"));
       const std::vector<std::string> done = split(candidate.allocated);
       // Its first container that asks for this many devices and has no slice yet; GPUs are
       // handed to containers in the pod's order.
@@ -166,10 +171,10 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
       if (!candidate.container.empty()) candidates.push_back(std::move(candidate));
     }
     if (candidates.empty()) return false;
-    const auto first = std::min_element(candidates.begin(), candidates.end(),
-                                        [](const Candidate& a, const Candidate& b) {
-                                          return std::tie(a.created, a.label) < std::tie(b.created, b.label);
-                                        });
+    const auto first = std::min_element(
+        candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+          return std::tie(a.created, a.label) < std::tie(b.created, b.label);
+        });
     Candidate& chosen = *first;
     // Claimed on the version read: a pod changed since (another claim) is read again.
     const std::string allocated =
@@ -179,9 +184,10 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
     const kube::ApiResponse claimed = api_->patch(chosen.path, kube::dump_outside_json(patch));
     if (claimed.status == 409) continue;
     if (claimed.status != 200) {
-      report_(fmt::format("slices: pod {}: the claim could not be recorded (HTTP {} {}); this agent "
-                          "remembers it",
-                          chosen.label, claimed.status, claimed.error));
+      report_(
+          fmt::format("slices: pod {}: the claim could not be recorded (HTTP {} {}); this agent "
+                      "remembers it",
+                      chosen.label, claimed.status, claimed.error));
     }
     claimed_.insert(chosen.uid + "/" + chosen.container);
 
@@ -192,27 +198,31 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
     grant.pod_name = chosen.pod.name;
     grant.pod_uid = chosen.uid;
     grant.container = chosen.container;
-    grant.source = fmt::format("the assignment of pod {} (container {})", chosen.label, chosen.container);
+    grant.source =
+        fmt::format("the assignment of pod {} (container {})", chosen.label, chosen.container);
     for (int k = chosen.offset; k < chosen.offset + devices; ++k) {
       if (static_cast<std::size_t>(k) >= chosen.assignment.gpus.size()) {
-        throw AllocationError(fmt::format("pod {}: its assignment names {} GPU(s); container {} "
-                                          "needs {} from the {}th",
-                                          chosen.label, chosen.assignment.gpus.size(),
-                                          chosen.container, devices, chosen.offset + 1));
+        throw AllocationError(
+            fmt::format("pod {}: its assignment names {} GPU(s); container {} "
+                        "needs {} from the {}th",
+                        chosen.label, chosen.assignment.gpus.size(), chosen.container, devices,
+                        chosen.offset + 1));
       }
       int gpu = -1;
       if (!chosen.assignment.uuids.empty()) {
         for (const GpuInfo& info : inventory.gpus) {
-          if (info.uuid == chosen.assignment.uuids[static_cast<std::size_t>(k)]) gpu = static_cast<int>(info.index);
+          if (info.uuid == chosen.assignment.uuids[static_cast<std::size_t>(k)])
+            gpu = static_cast<int>(info.index);
         }
       } else if (const int number = chosen.assignment.gpus[static_cast<std::size_t>(k)];
                  static_cast<std::size_t>(number) < numbering.size()) {
         gpu = numbering[static_cast<std::size_t>(number)];
       }
       if (gpu < 0) {
-        throw AllocationError(fmt::format("pod {}: its assignment names a GPU this node does not "
-                                          "serve ({})",
-                                          chosen.label, kube::assignment_annotation(chosen.assignment)));
+        throw AllocationError(
+            fmt::format("pod {}: its assignment names a GPU this node does not "
+                        "serve ({})",
+                        chosen.label, kube::assignment_annotation(chosen.assignment)));
       }
       grant.gpus.push_back(gpu);
     }
@@ -236,8 +246,9 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
     }
     return true;
   }
-  report_("slices: the pods on this node kept changing while a slice was claimed; the slice's "
-          "defaults apply");
+  report_(
+      "slices: the pods on this node kept changing while a slice was claimed; the slice's "
+      "defaults apply");
   return false;
 }
 
@@ -253,8 +264,8 @@ SliceGrant SliceAllocator::grant_for(const Inventory& inventory, const Resource&
 }
 
 std::string SliceAllocator::make_ledger(const SliceGrant& grant) const {
-  const std::string name = grant.pod_uid.empty() ? "default-" + random_uuid()
-                                                 : grant.pod_uid + "_" + grant.container;
+  const std::string name =
+      grant.pod_uid.empty() ? "default-" + random_uuid() : grant.pod_uid + "_" + grant.container;
   if (name.find('/') != std::string::npos || name.find("..") != std::string::npos ||
       name.size() > 200) {
     throw AllocationError(fmt::format("a ledger cannot be named for {}", name.substr(0, 100)));
@@ -267,8 +278,9 @@ std::string SliceAllocator::make_ledger(const SliceGrant& grant) const {
   }
   chmod(directory.c_str(), 0755);
   ledger::GroupSpec spec;
-  const std::string group = grant.pod_name.empty() ? name.substr(0, 63)
-                                                   : fmt::format("{}/{}", grant.pod_name, grant.container).substr(0, 63);
+  const std::string group =
+      grant.pod_name.empty() ? name.substr(0, 63)
+                             : fmt::format("{}/{}", grant.pod_name, grant.container).substr(0, 63);
   spec.name = group.c_str();
   for (std::size_t i = 0; i < grant.gpus.size() && i < static_cast<std::size_t>(kMaxDevices); ++i) {
     spec.limits.memory_bytes[i] = grant.memory_bytes[i];
@@ -297,8 +309,8 @@ ContainerAllocation SliceAllocator::allocate(const Inventory& inventory, const P
   const SliceGrant grant = grant_for(inventory, resource, ids);
   for (const int gpu : grant.gpus) {
     if (!health.healthy(gpu)) {
-      throw AllocationError(fmt::format("GPU {} for {} is unhealthy ({})", gpu, grant.source,
-                                        health.reason(gpu)));
+      throw AllocationError(
+          fmt::format("GPU {} for {} is unhealthy ({})", gpu, grant.source, health.reason(gpu)));
     }
   }
   const std::string directory = make_ledger(grant);

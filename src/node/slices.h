@@ -30,9 +30,9 @@ namespace tessera::node {
 
 // Where things are on the host (paths the kubelet mounts into containers).
 struct SliceFiles {
-  std::string hook_library;     // libtessera-cuda.so
-  std::string preload_file;     // holds the hook's path inside the container
-  std::string ledger_root;      // one directory per container below it
+  std::string hook_library;  // libtessera-cuda.so
+  std::string preload_file;  // holds the hook's path inside the container
+  std::string ledger_root;   // one directory per container below it
 };
 
 // Paths inside the container.
@@ -83,8 +83,8 @@ class SliceAllocator {
   std::string node_name_;
   SliceFiles files_;
   Reporter report_;
-  std::mutex claim_mutex_;          // one claim at a time: two never pick one pod
-  std::set<std::string> claimed_;   // "<uid>/<container>" given a slice by this agent
+  std::mutex claim_mutex_;         // one claim at a time: two never pick one pod
+  std::set<std::string> claimed_;  // "<uid>/<container>" given a slice by this agent
 };
 
 }  // namespace tessera::node

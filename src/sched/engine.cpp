@@ -183,7 +183,8 @@ double Cluster::fragmentation(const Node& node) const {
   // Memoised by what it depends on: model, CPU left and the GPUs' free milli (and whether
   // each may be shared) as a multiset.
   std::int32_t sorted[kMaxGpusPerNode];
-  for (int i = 0; i < node.gpus; ++i) sorted[i] = node.gpu_left[i] * 2 + ((node.whole_only >> i) & 1);
+  for (int i = 0; i < node.gpus; ++i)
+    sorted[i] = node.gpu_left[i] * 2 + ((node.whole_only >> i) & 1);
   std::sort(sorted, sorted + node.gpus);
   std::uint64_t key = 0xcbf29ce484222325ull;
   auto mix = [&key](std::uint64_t value) { key = (key ^ value) * 0x100000001b3ull; };

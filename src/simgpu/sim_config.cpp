@@ -104,8 +104,8 @@ bool parse_device(std::string_view entry, const char* origin, int index, DeviceS
       device.sm_count = static_cast<int>(number);
     } else if (key == "numa") {
       if (!parse_size(value, number) || number > 1023) {
-        return error.set("%s: device %d: numa='%.*s' is not a NUMA node number (0 to 1023)",
-                         origin, index, static_cast<int>(value.size()), value.data());
+        return error.set("%s: device %d: numa='%.*s' is not a NUMA node number (0 to 1023)", origin,
+                         index, static_cast<int>(value.size()), value.data());
       }
       device.numa_node = static_cast<int>(number);
     } else if (key == "name") {

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <climits>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -385,7 +384,8 @@ void Machine::wait_for_event(std::uint64_t seen, unsigned timeout_ms) const {
     const std::uint64_t now = monotonic_ns();
     if (raised > seen || now >= deadline) return;
     const std::uint64_t left = deadline - now;
-    timespec wait{static_cast<time_t>(left / 1'000'000'000), static_cast<long>(left % 1'000'000'000)};
+    timespec wait{static_cast<time_t>(left / 1'000'000'000),
+                  static_cast<long>(left % 1'000'000'000)};
     // Sleeps only while the word still holds what was read: a raise in between wakes it.
     syscall(SYS_futex, event_word(file_->events_raised), FUTEX_WAIT,
             static_cast<std::uint32_t>(raised), &wait, nullptr, 0);

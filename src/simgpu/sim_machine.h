@@ -90,7 +90,7 @@ struct MachineFile {
   TimelineEntry timeline[kTimelineEntries];  // a ring
   // Events raised so far; the low 32 bits are also a futex word that waiters sleep on.
   std::atomic<std::uint64_t> events_raised;
-  pthread_mutex_t events_lock;  // one raiser at a time
+  pthread_mutex_t events_lock;        // one raiser at a time
   DeviceEvent events[kDeviceEvents];  // a ring
 };
 

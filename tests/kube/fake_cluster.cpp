@@ -26,7 +26,8 @@ bool selected(const nlohmann::json& object, const std::map<std::string, std::str
     std::string pointer = "/" + field;
     for (char& c : pointer) c = c == '.' ? '/' : c;
     const nlohmann::json::json_pointer at(pointer);
-    const std::string actual = object.contains(at) && object[at].is_string() ? object[at].get<std::string>() : "";
+    const std::string actual =
+        object.contains(at) && object[at].is_string() ? object[at].get<std::string>() : "";
     if (actual != value) return false;
   }
   return true;
@@ -42,26 +43,18 @@ std::string FakeCluster::key_of(const std::string& kind, const nlohmann::json& o
 
 FakeCluster::FakeCluster() {
   for (const std::string kind : {"nodes", "pods"}) {
-    server_.Get("/api/v1/" + kind, [this, kind](const httplib::Request& request, httplib::Response& response) {
-      serve_collection(kind, request, response);
-    });
+    server_.Get("/api/v1/" + kind,
+                [this, kind](const httplib::Request& request, httplib::Response& response) {
+                  serve_collection(kind, request, response);
+                });
   }
-  server_.Get(R"(/api/v1/nodes/([^/]+))", [this](const httplib::Request& request, httplib::Response& response) {
-    const auto found = get("nodes", request.matches[1].str());
-    {
-      std::lock_guard<std::mutex> locked(mutex_);
-      requests_.push_back("GET " + request.path);
-    }
-    if (!found) {
-      response.status = 404;
-      response.set_content(R"({"kind":"Status","code":404})", "application/json");
-      return;
-    }
-    response.set_content(found->dump(), "application/json");
-  });
-  server_.Get(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
+  server_.Get(R"(/api/v1/nodes/([^/]+))",
               [this](const httplib::Request& request, httplib::Response& response) {
-                const auto found = get("pods", request.matches[1].str() + "/" + request.matches[2].str());
+                const auto found = get("nodes", request.matches[1].str());
+                {
+                  std::lock_guard<std::mutex> locked(mutex_);
+                  requests_.push_back("GET " + request.path);
+                }
                 if (!found) {
                   response.status = 404;
                   response.set_content(R"({"kind":"Status","code":404})", "application/json");
@@ -69,12 +62,24 @@ FakeCluster::FakeCluster() {
                 }
                 response.set_content(found->dump(), "application/json");
               });
-  server_.Patch(R"(/api/v1/nodes/([^/]+))", [this](const httplib::Request& request, httplib::Response& response) {
-    serve_patch("nodes", request.matches[1].str(), request, response);
+  server_.Get(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))", [this](const httplib::Request& request,
+                                                                   httplib::Response& response) {
+    const auto found = get("pods", request.matches[1].str() + "/" + request.matches[2].str());
+    if (!found) {
+      response.status = 404;
+      response.set_content(R"({"kind":"Status","code":404})", "application/json");
+      return;
+    }
+    response.set_content(found->dump(), "application/json");
   });
+  server_.Patch(R"(/api/v1/nodes/([^/]+))",
+                [this](const httplib::Request& request, httplib::Response& response) {
+                  serve_patch("nodes", request.matches[1].str(), request, response);
+                });
   server_.Patch(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
                 [this](const httplib::Request& request, httplib::Response& response) {
-                  serve_patch("pods", request.matches[1].str() + "/" + request.matches[2].str(), request, response);
+                  serve_patch("pods", request.matches[1].str() + "/" + request.matches[2].str(),
+                              request, response);
                 });
   server_.Post(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding)",
                [this](const httplib::Request& request, httplib::Response& response) {
@@ -89,7 +94,8 @@ FakeCluster::FakeCluster() {
                  }
                  if (found->second["spec"].contains("nodeName")) {
                    response.status = 409;
-                   response.set_content(R"({"kind":"Status","code":409,"reason":"Conflict"})", "application/json");
+                   response.set_content(R"({"kind":"Status","code":409,"reason":"Conflict"})",
+                                        "application/json");
                    return;
                  }
                  found->second["spec"]["nodeName"] = binding["target"]["name"];
@@ -113,7 +119,8 @@ void FakeCluster::stamp(nlohmann::json& object) {
   object["metadata"]["resourceVersion"] = std::to_string(++version_);
 }
 
-void FakeCluster::record(const std::string& kind, const std::string& type, const nlohmann::json& object) {
+void FakeCluster::record(const std::string& kind, const std::string& type,
+                         const nlohmann::json& object) {
   events_.push_back({version_, kind, type, object});
   changed_.notify_all();
 }
@@ -125,7 +132,8 @@ void FakeCluster::put(const std::string& kind, nlohmann::json object) {
     object["metadata"]["uid"] = "uid-" + object["metadata"]["name"].get<std::string>();
   }
   if (!object["metadata"].contains("creationTimestamp")) {
-    object["metadata"]["creationTimestamp"] = "2026-12-03T10:00:" + std::to_string(10 + version_ % 50) + "Z";
+    object["metadata"]["creationTimestamp"] =
+        "2026-12-03T10:00:" + std::to_string(10 + version_ % 50) + "Z";
   }
   const bool existed = objects_[kind].count(key) > 0;
   stamp(object);
@@ -143,7 +151,8 @@ void FakeCluster::remove(const std::string& kind, const std::string& key) {
   record(kind, "DELETED", object);
 }
 
-void FakeCluster::patch(const std::string& kind, const std::string& key, const nlohmann::json& patch) {
+void FakeCluster::patch(const std::string& kind, const std::string& key,
+                        const nlohmann::json& patch) {
   std::lock_guard<std::mutex> locked(mutex_);
   nlohmann::json& object = objects_[kind].at(key);
   object.merge_patch(patch);
@@ -151,7 +160,8 @@ void FakeCluster::patch(const std::string& kind, const std::string& key, const n
   record(kind, "MODIFIED", object);
 }
 
-std::optional<nlohmann::json> FakeCluster::get(const std::string& kind, const std::string& key) const {
+std::optional<nlohmann::json> FakeCluster::get(const std::string& kind,
+                                               const std::string& key) const {
   std::lock_guard<std::mutex> locked(mutex_);
   const auto collection = objects_.find(kind);
   if (collection == objects_.end()) return std::nullopt;
@@ -188,11 +198,12 @@ void FakeCluster::serve_collection(const std::string& kind, const httplib::Reque
     for (const auto& [key, object] : objects_[kind]) {
       if (selected(object, fields)) items.push_back(object);
     }
-    response.set_content(nlohmann::json{{"kind", "List"},
-                                        {"metadata", {{"resourceVersion", std::to_string(version_)}}},
-                                        {"items", items}}
-                             .dump(),
-                         "application/json");
+    response.set_content(
+        nlohmann::json{{"kind", "List"},
+                       {"metadata", {{"resourceVersion", std::to_string(version_)}}},
+                       {"items", items}}
+            .dump(),
+        "application/json");
     return;
   }
   const std::uint64_t from = std::stoull(request.get_param_value("resourceVersion").empty()
@@ -262,14 +273,19 @@ nlohmann::json gpu_pod(const std::string& name, int gpus, int gpumem_mib, int gp
             {"containers",
              {{{"name", "main"},
                {"image", "nvidia/cuda:12.0-base"},
-               {"resources", {{"limits", limits}, {"requests", {{"cpu", "1"}, {"memory", "1Gi"}}}}}}}}}},
+               {"resources",
+                {{"limits", limits}, {"requests", {{"cpu", "1"}, {"memory", "1Gi"}}}}}}}}}},
           {"status", {{"phase", "Pending"}}}};
 }
 
-nlohmann::json cluster_node(const std::string& name, const std::string& cpu, const std::string& memory) {
+nlohmann::json cluster_node(const std::string& name, const std::string& cpu,
+                            const std::string& memory) {
   return {{"apiVersion", "v1"},
           {"kind", "Node"},
-          {"metadata", {{"name", name}, {"labels", nlohmann::json::object()}, {"annotations", nlohmann::json::object()}}},
+          {"metadata",
+           {{"name", name},
+            {"labels", nlohmann::json::object()},
+            {"annotations", nlohmann::json::object()}}},
           {"status", {{"allocatable", {{"cpu", cpu}, {"memory", memory}, {"pods", "110"}}}}}};
 }
 

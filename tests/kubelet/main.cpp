@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> chosen;
   grpc::Status status = kubelet.preferred(resource, available, {}, count, chosen);
   if (!status.ok()) {
-    std::fprintf(stderr, "test-kubelet: GetPreferredAllocation: %s\n", status.error_message().c_str());
+    std::fprintf(stderr, "test-kubelet: GetPreferredAllocation: %s\n",
+                 status.error_message().c_str());
     return 1;
   }
   v1beta1::AllocateResponse response;
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
   std::printf("\n");
   for (const auto& container : response.container_responses()) {
     std::map<std::string, std::string> envs(container.envs().begin(), container.envs().end());
-    for (const auto& [name, value] : envs) std::printf("  env   %s=%s\n", name.c_str(), value.c_str());
+    for (const auto& [name, value] : envs)
+      std::printf("  env   %s=%s\n", name.c_str(), value.c_str());
     for (const auto& mount : container.mounts()) {
       std::printf("  mount %s <- %s%s\n", mount.container_path().c_str(), mount.host_path().c_str(),
                   mount.read_only() ? " (read-only)" : "");

@@ -85,7 +85,7 @@ void TestKubelet::restart() {
   drop_plugins();
   // What a starting kubelet does: the plugins' sockets go, then its own comes.
   for (const auto& entry : fs::directory_iterator(directory_)) {
-    struct stat info{};
+    struct stat info {};
     if (lstat(entry.path().c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) fs::remove(entry.path());
   }
   serve();
@@ -100,7 +100,8 @@ void TestKubelet::on_register(const v1beta1::RegisterRequest& request) {
   {
     std::lock_guard<std::mutex> locked(mutex_);
     registrations_.push_back({request.resource_name(), request.endpoint(), request.version(),
-                              request.options().get_preferred_allocation_available(), Clock::now()});
+                              request.options().get_preferred_allocation_available(),
+                              Clock::now()});
     // A resource registered again replaces its old endpoint, as the kubelet does.
     if (auto old = plugins_.find(request.resource_name()); old != plugins_.end()) {
       old->second->watch_context->TryCancel();
@@ -170,7 +171,8 @@ bool TestKubelet::wait_for_devices(const std::string& resource,
   std::unique_lock<std::mutex> locked(mutex_);
   return changed_.wait_for(locked, timeout, [&] {
     const auto list = lists_.find(resource);
-    if (list == lists_.end() || list->second.empty() || !ready(list->second.back().devices)) return false;
+    if (list == lists_.end() || list->second.empty() || !ready(list->second.back().devices))
+      return false;
     if (found != nullptr) *found = list->second.back().devices;
     return true;
   });
@@ -216,7 +218,8 @@ grpc::Status TestKubelet::allocate(const std::string& resource,
   return target->stub->Allocate(&context, request, &response);
 }
 
-grpc::Status TestKubelet::preferred(const std::string& resource, const std::vector<std::string>& available,
+grpc::Status TestKubelet::preferred(const std::string& resource,
+                                    const std::vector<std::string>& available,
                                     const std::vector<std::string>& must_include, int size,
                                     std::vector<std::string>& chosen) {
   const auto target = plugin(resource);
@@ -237,7 +240,8 @@ grpc::Status TestKubelet::preferred(const std::string& resource, const std::vect
   return status;
 }
 
-grpc::Status TestKubelet::pre_start(const std::string& resource, const std::vector<std::string>& ids) {
+grpc::Status TestKubelet::pre_start(const std::string& resource,
+                                    const std::vector<std::string>& ids) {
   const auto target = plugin(resource);
   if (target == nullptr) return unregistered(resource);
   v1beta1::PreStartContainerRequest request;
@@ -248,7 +252,8 @@ grpc::Status TestKubelet::pre_start(const std::string& resource, const std::vect
   return target->stub->PreStartContainer(&context, request, &response);
 }
 
-grpc::Status TestKubelet::options(const std::string& resource, v1beta1::DevicePluginOptions& options) {
+grpc::Status TestKubelet::options(const std::string& resource,
+                                  v1beta1::DevicePluginOptions& options) {
   const auto target = plugin(resource);
   if (target == nullptr) return unregistered(resource);
   v1beta1::Empty empty;

@@ -54,12 +54,14 @@ class TestKubelet {
   Devices devices(const std::string& resource) const;
   std::vector<ListUpdate> updates(const std::string& resource) const;
   // Waits until the latest list of `resource` satisfies `ready`; false on timeout.
-  bool wait_for_devices(const std::string& resource, const std::function<bool(const Devices&)>& ready,
+  bool wait_for_devices(const std::string& resource,
+                        const std::function<bool(const Devices&)>& ready,
                         std::chrono::milliseconds timeout, Devices* found = nullptr);
   std::vector<std::string> resources() const;
 
   // Calls to the plugin registered for `resource`.
-  grpc::Status allocate(const std::string& resource, const std::vector<std::vector<std::string>>& containers,
+  grpc::Status allocate(const std::string& resource,
+                        const std::vector<std::vector<std::string>>& containers,
                         v1beta1::AllocateResponse& response);
   grpc::Status preferred(const std::string& resource, const std::vector<std::string>& available,
                          const std::vector<std::string>& must_include, int size,
