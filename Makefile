@@ -50,7 +50,7 @@ sanitize: deps
 	cmake --build --preset sanitize -j $(JOBS)
 	ctest --preset sanitize -j $(JOBS)
 
-# TSan over the extender and its concurrency tests.
+# TSan over the extender, the node agent and their concurrency tests.
 tsan: deps
 	cmake --preset tsan
 	cmake --build --preset tsan -j $(JOBS)

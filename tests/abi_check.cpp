@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cuda_abi/cuda_abi.h"  // first: NVIDIA's headers define macros over these names
+#include "cuda_abi/nvml_abi.h"
 
 namespace {
 
@@ -269,5 +270,64 @@ TEST(AbiCheck, ConstantsMatch) {
   EXPECT_EQ(t::CU_AD_FORMAT_SIGNED_INT32, ::CU_AD_FORMAT_SIGNED_INT32);
   EXPECT_EQ(static_cast<int>(t::CU_MEM_ATTACH_GLOBAL), static_cast<int>(::CU_MEM_ATTACH_GLOBAL));
 }
+
+// NVML: nvml.h ships with the driver's development files (and some toolkits); where it is
+// installed, the slice Tessera declares in nvml_abi.h is checked against it too.
+#if __has_include(<nvml.h>)
+// Ours, read before nvml.h, which defines several of these names as macros.
+constexpr unsigned kOurMemoryV2 = t::nvmlMemory_v2;
+constexpr unsigned long long kOurXid = t::nvmlEventTypeXidCriticalError;
+constexpr unsigned long long kOurDoubleBit = t::nvmlEventTypeDoubleBitEccError;
+constexpr unsigned long long kOurSingleBit = t::nvmlEventTypeSingleBitEccError;
+constexpr unsigned kOurMigEnable = t::NVML_DEVICE_MIG_ENABLE;
+}  // namespace
+#include <nvml.h>
+namespace {
+
+#define NVML_SIGNATURE(ours, theirs)                                                   \
+  EXPECT_TRUE((compatible<t::PFN_##ours, decltype(&::theirs)>())) << #ours " differs " \
+                                                                           "from " #theirs
+
+TEST(AbiCheck, NvmlEntryPointsStructsAndConstantsMatchNvidias) {
+  NVML_SIGNATURE(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo);
+  NVML_SIGNATURE(nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2);
+  NVML_SIGNATURE(nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetComputeRunningProcesses_v3);
+  NVML_SIGNATURE(nvmlInit_v2, nvmlInit_v2);
+  NVML_SIGNATURE(nvmlSystemGetDriverVersion, nvmlSystemGetDriverVersion);
+  NVML_SIGNATURE(nvmlDeviceGetCount_v2, nvmlDeviceGetCount_v2);
+  NVML_SIGNATURE(nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetHandleByIndex_v2);
+  NVML_SIGNATURE(nvmlDeviceGetHandleByUUID, nvmlDeviceGetHandleByUUID);
+  NVML_SIGNATURE(nvmlDeviceGetName, nvmlDeviceGetName);
+  NVML_SIGNATURE(nvmlDeviceGetUUID, nvmlDeviceGetUUID);
+  NVML_SIGNATURE(nvmlSystemGetCudaDriverVersion_v2, nvmlSystemGetCudaDriverVersion_v2);
+  NVML_SIGNATURE(nvmlDeviceGetCudaComputeCapability, nvmlDeviceGetCudaComputeCapability);
+  NVML_SIGNATURE(nvmlDeviceGetPciInfo_v3, nvmlDeviceGetPciInfo_v3);
+  NVML_SIGNATURE(nvmlDeviceGetMigMode, nvmlDeviceGetMigMode);
+  NVML_SIGNATURE(nvmlDeviceGetAttributes_v2, nvmlDeviceGetAttributes_v2);
+  NVML_SIGNATURE(nvmlEventSetCreate, nvmlEventSetCreate);
+  NVML_SIGNATURE(nvmlDeviceGetSupportedEventTypes, nvmlDeviceGetSupportedEventTypes);
+  NVML_SIGNATURE(nvmlDeviceRegisterEvents, nvmlDeviceRegisterEvents);
+  NVML_SIGNATURE(nvmlEventSetWait_v2, nvmlEventSetWait_v2);
+  NVML_SIGNATURE(nvmlEventSetFree, nvmlEventSetFree);
+  EXPECT_EQ(sizeof(t::nvmlPciInfo_t), sizeof(::nvmlPciInfo_t));
+  EXPECT_EQ(offsetof(t::nvmlPciInfo_t, busId), offsetof(::nvmlPciInfo_t, busId));
+  EXPECT_EQ(sizeof(t::nvmlDeviceAttributes_t), sizeof(::nvmlDeviceAttributes_t));
+  EXPECT_EQ(offsetof(t::nvmlDeviceAttributes_t, memorySizeMB),
+            offsetof(::nvmlDeviceAttributes_t, memorySizeMB));
+  EXPECT_EQ(sizeof(t::nvmlEventData_t), sizeof(::nvmlEventData_t));
+  EXPECT_EQ(offsetof(t::nvmlEventData_t, eventData), offsetof(::nvmlEventData_t, eventData));
+  EXPECT_EQ(offsetof(t::nvmlEventData_t, computeInstanceId),
+            offsetof(::nvmlEventData_t, computeInstanceId));
+  EXPECT_EQ(sizeof(t::nvmlMemory_v2_t), sizeof(::nvmlMemory_v2_t));
+  EXPECT_EQ(kOurMemoryV2, static_cast<unsigned>(nvmlMemory_v2));
+  EXPECT_EQ(kOurXid, static_cast<unsigned long long>(nvmlEventTypeXidCriticalError));
+  EXPECT_EQ(kOurDoubleBit, static_cast<unsigned long long>(nvmlEventTypeDoubleBitEccError));
+  EXPECT_EQ(kOurSingleBit, static_cast<unsigned long long>(nvmlEventTypeSingleBitEccError));
+  EXPECT_EQ(t::NVML_ERROR_TIMEOUT, ::NVML_ERROR_TIMEOUT);
+  EXPECT_EQ(t::NVML_ERROR_GPU_IS_LOST, ::NVML_ERROR_GPU_IS_LOST);
+  EXPECT_EQ(t::NVML_ERROR_NOT_FOUND, ::NVML_ERROR_NOT_FOUND);
+  EXPECT_EQ(kOurMigEnable, static_cast<unsigned>(NVML_DEVICE_MIG_ENABLE));
+}
+#endif
 
 }  // namespace
