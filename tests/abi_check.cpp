@@ -284,9 +284,10 @@ constexpr unsigned kOurMigEnable = t::NVML_DEVICE_MIG_ENABLE;
 #include <nvml.h>
 namespace {
 
-#define NVML_SIGNATURE(ours, theirs)                                                   \
-  EXPECT_TRUE((compatible<t::PFN_##ours, decltype(&::theirs)>())) << #ours " differs " \
-                                                                           "from " #theirs
+#define NVML_SIGNATURE(ours, theirs)                                       \
+  EXPECT_TRUE((compatible<t::PFN_##ours, decltype(&::theirs)>())) << #ours \
+      " differs "                                                          \
+      "from " #theirs
 
 TEST(AbiCheck, NvmlEntryPointsStructsAndConstantsMatchNvidias) {
   NVML_SIGNATURE(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo);

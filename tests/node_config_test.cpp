@@ -27,18 +27,6 @@ std::string example(const std::string& name) {
   return std::string(TESSERA_SOURCE_DIR) + "/examples/node-configs/" + name;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream input(path);
-  return std::string((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());
-}
-
-// The simulated GPU's UUIDs, which these machines copy.
-std::string uuid(int index) {
-  char text[48];
-  std::snprintf(text, sizeof text, "GPU-7e55e7a0-0000-4000-8000-%012x", index);
-  return text;
-}
-
 // A machine as NVML would describe it: `count` GPUs of a model, UUIDs as the simulated GPU
 // gives them.
 Inventory machine(int count, const std::string& name = "NVIDIA A100-SXM4-40GB",
@@ -49,7 +37,7 @@ Inventory machine(int count, const std::string& name = "NVIDIA A100-SXM4-40GB",
   for (int i = 0; i < count; ++i) {
     GpuInfo gpu;
     gpu.index = static_cast<unsigned>(i);
-    gpu.uuid = uuid(i);
+    gpu.uuid = simulated_gpu_uuid(i);
     gpu.name = name;
     gpu.memory_bytes = 40960ull << 20;
     gpu.cc_major = name.find("T4") != std::string::npos ? 7 : 8;
@@ -65,7 +53,8 @@ Inventory machine(int count, const std::string& name = "NVIDIA A100-SXM4-40GB",
 std::set<std::string> replicas_of(const std::vector<int>& gpus, int replicas) {
   std::set<std::string> ids;
   for (const int gpu : gpus) {
-    for (int i = 0; i < replicas; ++i) ids.insert(uuid(gpu) + "::" + std::to_string(i));
+    for (int i = 0; i < replicas; ++i)
+      ids.insert(simulated_gpu_uuid(gpu) + "::" + std::to_string(i));
   }
   return ids;
 }
@@ -98,7 +87,7 @@ TEST(NodeConfig, EveryNvidiaAndSeedExampleGivesNvidiasResourcesAndIds) {
     const char* file;
     std::map<std::string, std::set<std::string>> expected;
   };
-  const std::set<std::string> whole = {uuid(0), uuid(1)};
+  const std::set<std::string> whole = {simulated_gpu_uuid(0), simulated_gpu_uuid(1)};
   const Case cases[] = {
       {"nvidia-flags.yaml", {{"nvidia.com/gpu", whole}}},
       {"nvidia-time-slicing.yaml", {{"nvidia.com/gpu", replicas_of(both, 10)}}},
@@ -115,7 +104,7 @@ TEST(NodeConfig, EveryNvidiaAndSeedExampleGivesNvidiasResourcesAndIds) {
   for (const Case& test : cases) {
     SCOPED_TRACE(test.file);
     const PluginConfig config =
-        parse_plugin_config(read_text(example(test.file)), example(test.file));
+        parse_plugin_config(read_text_file(example(test.file)), example(test.file));
     EXPECT_EQ(resources_of(build_resource_map(two, config)), test.expected);
   }
   // Every file in the folder is in the table above, or the MPS one.
@@ -127,7 +116,7 @@ TEST(NodeConfig, EveryNvidiaAndSeedExampleGivesNvidiasResourcesAndIds) {
 
 TEST(NodeConfig, TheSeedsMigStrategySpellingIsTheFlagsAndAContradictionIsRefused) {
   const PluginConfig config =
-      parse_plugin_config(read_text(example("seed-chapter-mig.yaml")), "chapter");
+      parse_plugin_config(read_text_file(example("seed-chapter-mig.yaml")), "chapter");
   EXPECT_EQ(config.flags.mig_strategy, MigStrategy::single);
   expect_refused("version: v1\nflags: {migStrategy: mixed}\nsharing: {mig: {strategy: single}}\n",
                  "sharing.mig.strategy", "contradicts flags.migStrategy");
@@ -154,7 +143,7 @@ TEST(NodeConfig, NvidiasDefaultsFillWhatAConfigLeavesOut) {
       "json");
   EXPECT_EQ(json.time_slicing.resources.at(0).replicas, 3);
   // MPS keeps NVIDIA's historical default: one replica a request.
-  EXPECT_TRUE(parse_plugin_config(read_text(example("nvidia-mps.yaml")), "mps")
+  EXPECT_TRUE(parse_plugin_config(read_text_file(example("nvidia-mps.yaml")), "mps")
                   .mps.fail_requests_greater_than_one);
   // A name without the prefix gets it, as NVIDIA's NewResourceName does.
   EXPECT_EQ(parse_plugin_config("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}",
@@ -279,8 +268,8 @@ TEST(NodeConfig, NamedConfigsComeFromADirectoryMountedAsAConfigMapIs) {
   // A ConfigMap volume: ..data links to a timestamped directory, each key links through it.
   const std::string data = scratch.file("..2026_12_03_10_00_00.000000001");
   fs::create_directory(data);
-  std::ofstream(data + "/any") << read_text(example("seed-any.yaml"));
-  std::ofstream(data + "/tesla-t4") << read_text(example("seed-tesla-t4.yaml"));
+  std::ofstream(data + "/any") << read_text_file(example("seed-any.yaml"));
+  std::ofstream(data + "/tesla-t4") << read_text_file(example("seed-tesla-t4.yaml"));
   std::ofstream(data + "/broken")
       << "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu}]}}\n";
   fs::create_directory_symlink(data, scratch.file("..data"));
@@ -320,10 +309,10 @@ TEST(NodeResources, SharingSomeGpusLeavesTheOthersWholeAndRenamesAsAsked) {
   const Inventory four = machine(4);
   // devices: [0, 1] as slices: GPUs 2 and 3 whole in the same resource, as NVIDIA leaves them.
   const ResourceMap partly = build_resource_map(
-      four, parse_plugin_config(read_text(example("tessera-partly-shared.yaml")), "partly"));
+      four, parse_plugin_config(read_text_file(example("tessera-partly-shared.yaml")), "partly"));
   std::set<std::string> expected = replicas_of({0, 1}, 4);
-  expected.insert(uuid(2));
-  expected.insert(uuid(3));
+  expected.insert(simulated_gpu_uuid(2));
+  expected.insert(simulated_gpu_uuid(3));
   EXPECT_EQ(resources_of(partly).at("nvidia.com/gpu"), expected);
   // A count takes the first GPUs; rename moves the replicas to their own resource.
   const ResourceMap renamed = build_resource_map(
@@ -332,14 +321,15 @@ TEST(NodeResources, SharingSomeGpusLeavesTheOthersWholeAndRenamesAsAsked) {
                           "gpu-small, replicas: 3, devices: 1}]}}",
                           "renamed"));
   EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu-small"), replicas_of({0}, 3));
-  EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu"),
-            (std::set<std::string>{uuid(1), uuid(2), uuid(3)}));
+  EXPECT_EQ(
+      resources_of(renamed).at("nvidia.com/gpu"),
+      (std::set<std::string>{simulated_gpu_uuid(1), simulated_gpu_uuid(2), simulated_gpu_uuid(3)}));
   // A UUID in the list, and one not on this node.
   const ResourceMap by_uuid = build_resource_map(
       four,
       parse_plugin_config("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, "
                           "devices: [\"" +
-                              uuid(3) + "\"]}]}}",
+                              simulated_gpu_uuid(3) + "\"]}]}}",
                           "by-uuid"));
   EXPECT_EQ(by_uuid.find("nvidia.com/gpu")->devices.size(), 3u + 2u);
   EXPECT_THROW(build_resource_map(
@@ -374,7 +364,7 @@ TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
   // mixed serves the GPUs whose MIG mode is off, whole; none serves every GPU whole.
   const ResourceMap mixed =
       build_resource_map(mixed_modes, parse_plugin_config("flags: {migStrategy: mixed}", "m"));
-  EXPECT_EQ(resources_of(mixed).at("nvidia.com/gpu"), std::set<std::string>{uuid(0)});
+  EXPECT_EQ(resources_of(mixed).at("nvidia.com/gpu"), std::set<std::string>{simulated_gpu_uuid(0)});
   EXPECT_EQ(resources_of(build_resource_map(mixed_modes, parse_plugin_config("", "none")))
                 .at("nvidia.com/gpu")
                 .size(),
@@ -382,7 +372,7 @@ TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
   // MPS is read and checked, and not served until MPS lands: said plainly.
   try {
     build_resource_map(machine(1),
-                       parse_plugin_config(read_text(example("nvidia-mps.yaml")), "mps"));
+                       parse_plugin_config(read_text_file(example("nvidia-mps.yaml")), "mps"));
     ADD_FAILURE() << "MPS served without MPS daemons";
   } catch (const ConfigError& refused) {
     EXPECT_NE(std::string(refused.what()).find("MPS"), std::string::npos);
@@ -392,18 +382,20 @@ TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
 TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode) {
   const Inventory two = machine(2);
   const ResourceMap map =
-      build_resource_map(two, parse_plugin_config(read_text(example("seed-any.yaml")), "any"));
+      build_resource_map(two, parse_plugin_config(read_text_file(example("seed-any.yaml")), "any"));
   const Resource& gpu = *map.find("nvidia.com/gpu");
   // GPU 0 has two of its replicas allocated already (not available).
-  std::vector<std::string> available = {uuid(0) + "::2", uuid(0) + "::3"};
-  for (int i = 0; i < 4; ++i) available.push_back(uuid(1) + "::" + std::to_string(i));
+  std::vector<std::string> available = {simulated_gpu_uuid(0) + "::2",
+                                        simulated_gpu_uuid(0) + "::3"};
+  for (int i = 0; i < 4; ++i) available.push_back(simulated_gpu_uuid(1) + "::" + std::to_string(i));
   const auto spread = preferred_allocation(gpu, available, {}, 2, ReplicaPolicy::distributed);
-  EXPECT_EQ(spread, (std::vector<std::string>{uuid(1) + "::0", uuid(1) + "::1"}));
+  EXPECT_EQ(spread, (std::vector<std::string>{simulated_gpu_uuid(1) + "::0",
+                                              simulated_gpu_uuid(1) + "::1"}));
   const auto packed = preferred_allocation(gpu, available, {}, 1, ReplicaPolicy::packed);
-  EXPECT_EQ(packed, (std::vector<std::string>{uuid(0) + "::2"}));
-  const auto with_required =
-      preferred_allocation(gpu, available, {uuid(1) + "::3"}, 2, ReplicaPolicy::distributed);
-  EXPECT_EQ(with_required.front(), uuid(1) + "::3");
+  EXPECT_EQ(packed, (std::vector<std::string>{simulated_gpu_uuid(0) + "::2"}));
+  const auto with_required = preferred_allocation(gpu, available, {simulated_gpu_uuid(1) + "::3"},
+                                                  2, ReplicaPolicy::distributed);
+  EXPECT_EQ(with_required.front(), simulated_gpu_uuid(1) + "::3");
   EXPECT_EQ(with_required.size(), 2u);
   EXPECT_THROW(preferred_allocation(gpu, available, {}, 7, ReplicaPolicy::distributed),
                AllocationError);
@@ -414,8 +406,9 @@ TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode
   const Inventory eight = machine(8, "NVIDIA H100 80GB HBM3", 4);
   const ResourceMap whole = build_resource_map(eight, default_plugin_config());
   const Resource& gpus = *whole.find("nvidia.com/gpu");
-  const std::vector<std::string> free_gpus = {uuid(1), uuid(2), uuid(3), uuid(4),
-                                              uuid(5), uuid(6), uuid(7)};
+  const std::vector<std::string> free_gpus = {
+      simulated_gpu_uuid(1), simulated_gpu_uuid(2), simulated_gpu_uuid(3), simulated_gpu_uuid(4),
+      simulated_gpu_uuid(5), simulated_gpu_uuid(6), simulated_gpu_uuid(7)};
   const auto chosen = preferred_allocation(gpus, free_gpus, {}, 2, ReplicaPolicy::distributed);
   ASSERT_EQ(chosen.size(), 2u);
   EXPECT_EQ(gpus.find(chosen[0])->numa_node, gpus.find(chosen[1])->numa_node);
@@ -424,18 +417,19 @@ TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode
   std::set<int> nodes;
   for (const std::string& id : four) nodes.insert(gpus.find(id)->numa_node);
   EXPECT_EQ(nodes, std::set<int>{1});  // only node 1 holds four
-  const auto near = preferred_allocation(gpus, free_gpus, {uuid(5)}, 2, ReplicaPolicy::distributed);
+  const auto near =
+      preferred_allocation(gpus, free_gpus, {simulated_gpu_uuid(5)}, 2, ReplicaPolicy::distributed);
   EXPECT_EQ(gpus.find(near[1])->numa_node, 1);  // beside what must be included
 }
 
 TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
   const Inventory two = machine(2);
   PluginConfig config =
-      parse_plugin_config(read_text(example("nvidia-fail-requests.yaml")), "fail");
+      parse_plugin_config(read_text_file(example("nvidia-fail-requests.yaml")), "fail");
   const ResourceMap map = build_resource_map(two, config);
   const Resource& gpu = *map.find("nvidia.com/gpu");
   try {
-    requested_gpus(gpu, {uuid(0) + "::0", uuid(1) + "::0"});
+    requested_gpus(gpu, {simulated_gpu_uuid(0) + "::0", simulated_gpu_uuid(1) + "::0"});
     ADD_FAILURE() << "two replicas granted with failRequestsGreaterThanOne";
   } catch (const AllocationError& refused) {
     EXPECT_STREQ(refused.what(),
@@ -446,12 +440,14 @@ TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
   config.time_slicing.fail_requests_greater_than_one = false;
   const ResourceMap relaxed = build_resource_map(two, config);
   EXPECT_EQ(requested_gpus(*relaxed.find("nvidia.com/gpu"),
-                           {uuid(1) + "::0", uuid(1) + "::3", uuid(0) + "::1"}),
+                           {simulated_gpu_uuid(1) + "::0", simulated_gpu_uuid(1) + "::3",
+                            simulated_gpu_uuid(0) + "::1"}),
             (std::vector<int>{1, 0}));
 
   PluginConfig flags = default_plugin_config();
   ContainerAllocation envvar = expose_gpus(two, flags, {1, 0}, "r1");
-  EXPECT_EQ(envvar.envs.at("NVIDIA_VISIBLE_DEVICES"), uuid(1) + "," + uuid(0));
+  EXPECT_EQ(envvar.envs.at("NVIDIA_VISIBLE_DEVICES"),
+            simulated_gpu_uuid(1) + "," + simulated_gpu_uuid(0));
   EXPECT_TRUE(envvar.mounts.empty());
   flags.flags.device_id = DeviceIdStrategy::index;
   EXPECT_EQ(expose_gpus(two, flags, {1, 0}, "r1").envs.at("NVIDIA_VISIBLE_DEVICES"), "1,0");
@@ -462,12 +458,13 @@ TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
   const ContainerAllocation all = expose_gpus(two, flags, {0}, "response-7");
   EXPECT_EQ(all.envs.at("NVIDIA_VISIBLE_DEVICES"), "/var/run/nvidia-container-devices");
   ASSERT_EQ(all.mounts.size(), 1u);
-  EXPECT_EQ(all.mounts[0].container_path, "/var/run/nvidia-container-devices/" + uuid(0));
+  EXPECT_EQ(all.mounts[0].container_path,
+            "/var/run/nvidia-container-devices/" + simulated_gpu_uuid(0));
   EXPECT_EQ(all.mounts[0].host_path, "/dev/null");
   EXPECT_EQ(all.annotations.at("cdi.k8s.io/nvidia-device-plugin_response-7"),
-            "k8s.device-plugin.nvidia.com/gpu=" + uuid(0));
+            "k8s.device-plugin.nvidia.com/gpu=" + simulated_gpu_uuid(0));
   EXPECT_EQ(all.cdi_devices,
-            std::vector<std::string>{"k8s.device-plugin.nvidia.com/gpu=" + uuid(0)});
+            std::vector<std::string>{"k8s.device-plugin.nvidia.com/gpu=" + simulated_gpu_uuid(0)});
   ASSERT_GE(all.devices.size(), 2u);
   EXPECT_EQ(all.devices[0].container_path, "/dev/nvidia0");
   EXPECT_EQ(all.devices[0].permissions, "rw");
@@ -476,7 +473,8 @@ TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
 
 TEST(NodeLabels, GfdLabelsSayWhatNvidiasSayWithTheSeedsSharingLabel) {
   const Inventory t4 = machine(4, "Tesla T4");
-  const PluginConfig shared = parse_plugin_config(read_text(example("seed-tesla-t4.yaml")), "t4");
+  const PluginConfig shared =
+      parse_plugin_config(read_text_file(example("seed-tesla-t4.yaml")), "t4");
   Labels labels = gpu_labels(t4, shared, 1700000000);
   // As the time-slicing article shows them for this config.
   EXPECT_EQ(labels.at("nvidia.com/gpu.count"), "4");
@@ -497,13 +495,14 @@ TEST(NodeLabels, GfdLabelsSayWhatNvidiasSayWithTheSeedsSharingLabel) {
   EXPECT_EQ(labels.at("nvidia.com/gfd.timestamp"), "1700000000");
   // Renamed: the product keeps its name. Not shared: replicas 1, strategy none.
   labels = gpu_labels(
-      t4, parse_plugin_config(read_text(example("nvidia-time-slicing-renamed.yaml")), "r"), 0);
+      t4, parse_plugin_config(read_text_file(example("nvidia-time-slicing-renamed.yaml")), "r"), 0);
   EXPECT_EQ(labels.at("nvidia.com/gpu.product"), "Tesla-T4");
   labels = gpu_labels(t4, default_plugin_config(), 0);
   EXPECT_EQ(labels.at("nvidia.com/gpu.replicas"), "1");
   EXPECT_EQ(labels.at("nvidia.com/gpu.sharing-strategy"), "none");
   EXPECT_EQ(labels.at("nvidia.com/gpu.sharing"), "none");
-  labels = gpu_labels(t4, parse_plugin_config(read_text(example("tessera-slices.yaml")), "s"), 0);
+  labels =
+      gpu_labels(t4, parse_plugin_config(read_text_file(example("tessera-slices.yaml")), "s"), 0);
   EXPECT_EQ(labels.at("nvidia.com/gpu.sharing"), "slices");
   EXPECT_EQ(labels.at("nvidia.com/gpu.product"), "Tesla-T4-SHARED");
   // Every value is one Kubernetes takes.
@@ -523,7 +522,7 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   HealthBoard health(4);
   health.record_error(3, "XID 79", HealthBoard::Clock::now());
   const PluginConfig config =
-      parse_plugin_config(read_text(example("tessera-partly-shared.yaml")), "p");
+      parse_plugin_config(read_text_file(example("tessera-partly-shared.yaml")), "p");
   const nlohmann::json annotation =
       gpus_annotation(four, build_resource_map(four, config), health, config.strategy());
   ASSERT_EQ(annotation["gpus"].size(), 4u);
@@ -538,7 +537,9 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   extender::NodeInfo info = extender::node_from_json(node);
   EXPECT_EQ(info.spec.gpus, 4);
   EXPECT_EQ(info.spec.whole_only_gpus, 0b1100);
-  EXPECT_EQ(info.gpu_uuids, (std::vector<std::string>{uuid(0), uuid(1), uuid(2), uuid(3)}));
+  EXPECT_EQ(info.gpu_uuids,
+            (std::vector<std::string>{simulated_gpu_uuid(0), simulated_gpu_uuid(1),
+                                      simulated_gpu_uuid(2), simulated_gpu_uuid(3)}));
   sched::Cluster cluster({info.spec});
   sched::Request half;
   half.gpus = 1;
@@ -557,7 +558,8 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   whole.gpu_milli = 1000;
   EXPECT_EQ(cluster.place(whole, sched::Policy::fgd, random).node, 0);
   // Time-sliced GPUs are the kubelet's to count: the scheduler leaves them out.
-  const PluginConfig sliced_time = parse_plugin_config(read_text(example("seed-any.yaml")), "any");
+  const PluginConfig sliced_time =
+      parse_plugin_config(read_text_file(example("seed-any.yaml")), "any");
   node["metadata"]["annotations"][kGpusAnnotation] =
       gpus_annotation(four, build_resource_map(four, sliced_time), health, sliced_time.strategy())
           .dump();

@@ -29,19 +29,8 @@ using namespace std::chrono_literals;
 
 constexpr const char* kTwoGpus = "H100,context=0,numa=0;H100,context=0,numa=1";
 
-std::string uuid(int index) {
-  char text[48];
-  std::snprintf(text, sizeof text, "GPU-7e55e7a0-0000-4000-8000-%012x", index);
-  return text;
-}
-
 std::string example(const std::string& name) {
   return std::string(TESSERA_SOURCE_DIR) + "/examples/node-configs/" + name;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream input(path);
-  return std::string((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());
 }
 
 // Replaces a file at once, as kubectl's ConfigMap update or an editor's save does.
@@ -89,10 +78,12 @@ class NodeProcess {
   }
   // A clean stop is part of every test: a sanitizer's report in the agent exits otherwise.
   ~NodeProcess() {
-    if (!stopped_) EXPECT_EQ(stop(), 0) << log();
+    if (!stopped_) {
+      EXPECT_EQ(stop(), 0) << log();
+    }
   }
   bool started() const { return started_; }
-  std::string log() const { return read_text(log_); }
+  std::string log() const { return read_text_file(log_); }
   // Stops it as the kubelet's SIGTERM does; its exit status.
   int stop() {
     if (stopped_) return status_;
@@ -146,7 +137,8 @@ std::set<std::string> ids_of(const TestKubelet::Devices& devices) {
 std::set<std::string> replica_ids(const std::vector<int>& gpus, int replicas) {
   std::set<std::string> ids;
   for (const int gpu : gpus) {
-    for (int i = 0; i < replicas; ++i) ids.insert(uuid(gpu) + "::" + std::to_string(i));
+    for (int i = 0; i < replicas; ++i)
+      ids.insert(simulated_gpu_uuid(gpu) + "::" + std::to_string(i));
   }
   return ids;
 }
@@ -161,12 +153,12 @@ TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
   NodeProcess node(scratch, {}, machine(scratch));
   ASSERT_TRUE(node.started()) << node.log();
   TestKubelet::Devices devices;
-  ASSERT_TRUE(
-      kubelet.wait_for_devices("nvidia.com/gpu", has_ids({uuid(0), uuid(1)}), 10s, &devices))
+  ASSERT_TRUE(kubelet.wait_for_devices(
+      "nvidia.com/gpu", has_ids({simulated_gpu_uuid(0), simulated_gpu_uuid(1)}), 10s, &devices))
       << node.log();
-  EXPECT_EQ(devices.at(uuid(0)).health, "Healthy");
-  EXPECT_EQ(devices.at(uuid(0)).numa_nodes, std::vector<std::int64_t>{0});
-  EXPECT_EQ(devices.at(uuid(1)).numa_nodes, std::vector<std::int64_t>{1});
+  EXPECT_EQ(devices.at(simulated_gpu_uuid(0)).health, "Healthy");
+  EXPECT_EQ(devices.at(simulated_gpu_uuid(0)).numa_nodes, std::vector<std::int64_t>{0});
+  EXPECT_EQ(devices.at(simulated_gpu_uuid(1)).numa_nodes, std::vector<std::int64_t>{1});
   const auto registrations = kubelet.registrations();
   ASSERT_EQ(registrations.size(), 1u);
   EXPECT_EQ(registrations[0].version, "v1beta1");
@@ -177,12 +169,18 @@ TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
   EXPECT_TRUE(options.get_preferred_allocation_available());
 
   v1beta1::AllocateResponse response;
-  ASSERT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(1)}, {uuid(0), uuid(1)}}, response).ok());
+  ASSERT_TRUE(
+      kubelet
+          .allocate("nvidia.com/gpu",
+                    {{simulated_gpu_uuid(1)}, {simulated_gpu_uuid(0), simulated_gpu_uuid(1)}},
+                    response)
+          .ok());
   ASSERT_EQ(response.container_responses_size(), 2);
-  EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), uuid(1));
+  EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"),
+            simulated_gpu_uuid(1));
   EXPECT_EQ(response.container_responses(1).envs().at("NVIDIA_VISIBLE_DEVICES"),
-            uuid(0) + "," + uuid(1));
-  EXPECT_TRUE(kubelet.pre_start("nvidia.com/gpu", {uuid(1)}).ok());
+            simulated_gpu_uuid(0) + "," + simulated_gpu_uuid(1));
+  EXPECT_TRUE(kubelet.pre_start("nvidia.com/gpu", {simulated_gpu_uuid(1)}).ok());
   const grpc::Status unknown = kubelet.allocate("nvidia.com/gpu", {{"GPU-forged"}}, response);
   EXPECT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.error_message(),
@@ -196,7 +194,7 @@ TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
 TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
   ScratchDirectory scratch;
   TestKubelet kubelet(scratch.file("dp"));
-  std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-any.yaml"));
+  std::ofstream(scratch.file("config.yaml")) << read_text_file(example("seed-any.yaml"));
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
     ASSERT_TRUE(node.started()) << node.log();
@@ -210,13 +208,17 @@ TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
     EXPECT_NE(chosen[0].substr(0, 40), chosen[1].substr(0, 40));
     // Two replicas of one GPU: the container sees that GPU once.
     v1beta1::AllocateResponse response;
-    ASSERT_TRUE(
-        kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::1", uuid(0) + "::3"}}, response).ok());
-    EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), uuid(0));
+    ASSERT_TRUE(kubelet
+                    .allocate("nvidia.com/gpu",
+                              {{simulated_gpu_uuid(0) + "::1", simulated_gpu_uuid(0) + "::3"}},
+                              response)
+                    .ok());
+    EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"),
+              simulated_gpu_uuid(0));
   }
   kubelet.restart();  // a fresh kubelet for the next config
   std::ofstream(scratch.file("config.yaml"), std::ios::trunc)
-      << read_text(example("nvidia-time-slicing-renamed.yaml"));
+      << read_text_file(example("nvidia-time-slicing-renamed.yaml"));
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
     ASSERT_TRUE(
@@ -228,18 +230,20 @@ TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
   }
   kubelet.restart();
   std::ofstream(scratch.file("config.yaml"), std::ios::trunc)
-      << read_text(example("nvidia-fail-requests.yaml"));
+      << read_text_file(example("nvidia-fail-requests.yaml"));
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
     ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 10)), 10s))
         << node.log();
     v1beta1::AllocateResponse response;
-    const grpc::Status refused =
-        kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::0", uuid(1) + "::0"}}, response);
+    const grpc::Status refused = kubelet.allocate(
+        "nvidia.com/gpu", {{simulated_gpu_uuid(0) + "::0", simulated_gpu_uuid(1) + "::0"}},
+        response);
     EXPECT_FALSE(refused.ok());
     EXPECT_EQ(refused.error_message(),
               "invalid request: maximum request size for shared resources is 1; found 2");
-    EXPECT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(1) + "::7"}}, response).ok());
+    EXPECT_TRUE(
+        kubelet.allocate("nvidia.com/gpu", {{simulated_gpu_uuid(1) + "::7"}}, response).ok());
   }
 }
 
@@ -275,7 +279,7 @@ TEST(Node, EveryExampleConfigIsServedAndAnInvalidOneStopsTheStartWithNvidiasMess
 TEST(Node, AKubeletRestartIsFollowedByRegistrationWithinASecond) {
   ScratchDirectory scratch;
   TestKubelet kubelet(scratch.file("dp"));
-  std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-any.yaml"));
+  std::ofstream(scratch.file("config.yaml")) << read_text_file(example("seed-any.yaml"));
   NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
   ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
       << node.log();
@@ -290,7 +294,8 @@ TEST(Node, AKubeletRestartIsFollowedByRegistrationWithinASecond) {
     // Served again on a new socket: the kubelet lists and allocates as before.
     ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 5s));
     v1beta1::AllocateResponse response;
-    EXPECT_TRUE(kubelet.allocate("nvidia.com/gpu", {{uuid(1) + "::2"}}, response).ok());
+    EXPECT_TRUE(
+        kubelet.allocate("nvidia.com/gpu", {{simulated_gpu_uuid(1) + "::2"}}, response).ok());
   }
 }
 
@@ -309,7 +314,8 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
   std::thread allocating([&] {
     while (!done) {
       v1beta1::AllocateResponse response;
-      const grpc::Status status = kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::1"}}, response);
+      const grpc::Status status =
+          kubelet.allocate("nvidia.com/gpu", {{simulated_gpu_uuid(0) + "::1"}}, response);
       ++calls;
       if (!status.ok() && failures++ == 0) first_failure = status.error_message();
     }
@@ -362,7 +368,7 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
 TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers) {
   ScratchDirectory scratch;
   TestKubelet kubelet(scratch.file("dp"));
-  std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-any.yaml"));
+  std::ofstream(scratch.file("config.yaml")) << read_text_file(example("seed-any.yaml"));
   const Environment env = machine(scratch, kTwoGpus, {{"DP_DISABLE_HEALTHCHECKS", "94"}});
   NodeProcess node(scratch,
                    {"--config-file", scratch.file("config.yaml"), "--recovery-period", "2"}, env);
@@ -371,7 +377,7 @@ TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers
   auto health_of = [](const TestKubelet::Devices& devices, int gpu) {
     std::set<std::string> health;
     for (const auto& [id, state] : devices) {
-      if (id.rfind(uuid(gpu), 0) == 0) health.insert(state.health);
+      if (id.rfind(simulated_gpu_uuid(gpu), 0) == 0) health.insert(state.health);
     }
     return health;
   };
@@ -392,7 +398,7 @@ TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers
       << node.log();
   EXPECT_LT(Clock::now() - raised, 1s);
   EXPECT_EQ(health_of(seen, 0), std::set<std::string>{"Healthy"});
-  EXPECT_EQ(node.metric("tessera_gpu_healthy{gpu=\"1\",UUID=\"" + uuid(1) +
+  EXPECT_EQ(node.metric("tessera_gpu_healthy{gpu=\"1\",UUID=\"" + simulated_gpu_uuid(1) +
                         "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
             0);
   EXPECT_EQ(node.metric("tessera_xid_events_total{xid=\"13\",Hostname=\"gpu-node\"}"), 1);
@@ -420,7 +426,7 @@ TEST(Node, WithoutAnApiServerItServesFromTheConfigAndSaysOnceWhatNeedsOne) {
   ScratchDirectory scratch;
   TestKubelet kubelet(scratch.file("dp"));
   fs::create_directory(scratch.file("features.d"));
-  std::ofstream(scratch.file("config.yaml")) << read_text(example("seed-tesla-t4.yaml"));
+  std::ofstream(scratch.file("config.yaml")) << read_text_file(example("seed-tesla-t4.yaml"));
   NodeProcess node(
       scratch,
       {"--config-file", scratch.file("config.yaml"), "--features-dir", scratch.file("features.d")},
@@ -429,7 +435,7 @@ TEST(Node, WithoutAnApiServerItServesFromTheConfigAndSaysOnceWhatNeedsOne) {
       kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1, 2, 3}, 4)), 10s))
       << node.log();
   // The features file is written when the config is applied, before the plugins register.
-  const std::string features = read_text(scratch.file("features.d/tessera-gpu"));
+  const std::string features = read_text_file(scratch.file("features.d/tessera-gpu"));
   for (const char* label : {"nvidia.com/gpu.count=4\n", "nvidia.com/gpu.product=Tesla-T4-SHARED\n",
                             "nvidia.com/gpu.replicas=4\n", "nvidia.com/gpu.sharing=timeslice\n"}) {
     EXPECT_NE(features.find(label), std::string::npos) << label << " not in\n" << features;
@@ -470,7 +476,7 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
   const nlohmann::json gpus = nlohmann::json::parse(
       labelled["metadata"]["annotations"]["tessera.io/gpus"].get<std::string>());
   ASSERT_EQ(gpus["gpus"].size(), 2u);
-  EXPECT_EQ(gpus["gpus"][1]["uuid"], uuid(1));
+  EXPECT_EQ(gpus["gpus"][1]["uuid"], simulated_gpu_uuid(1));
   EXPECT_EQ(gpus["gpus"][1]["sharing"], "timeslice");
 
   // The label NVIDIA's plugin reads chooses the config, live.
@@ -529,7 +535,7 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   FakeCluster cluster;
   cluster.put("nodes", cluster_node("gpu-node"));
   TestKubelet kubelet(scratch.file("dp"));
-  std::ofstream(scratch.file("config.yaml")) << read_text(example("tessera-slices.yaml"));
+  std::ofstream(scratch.file("config.yaml")) << read_text_file(example("tessera-slices.yaml"));
   const Environment env = machine(scratch);
   NodeProcess node(
       scratch, {"--config-file", scratch.file("config.yaml"), "--api-server", cluster.url()}, env);
@@ -576,8 +582,8 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   std::vector<std::thread> admitting;
   for (std::size_t i = 0; i < asks.size(); ++i) {
     admitting.emplace_back([&, i] {
-      statuses[i] =
-          kubelet.allocate("nvidia.com/gpu", {{uuid(0) + "::" + std::to_string(i)}}, answers[i]);
+      statuses[i] = kubelet.allocate(
+          "nvidia.com/gpu", {{simulated_gpu_uuid(0) + "::" + std::to_string(i)}}, answers[i]);
     });
   }
   for (std::thread& thread : admitting) thread.join();
@@ -628,7 +634,7 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
       node.metric(
           "tessera_container_memory_limit_bytes{namespace=\"default\",pod=\"slice-2\",container="
           "\"main\",gpu=\"0\",UUID=\"" +
-          uuid(0) + "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
+          simulated_gpu_uuid(0) + "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
       static_cast<double>(6144ull << 20))
       << node.metrics();
 }

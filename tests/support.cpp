@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 extern char** environ;
@@ -200,6 +201,17 @@ ScratchDirectory::ScratchDirectory() {
 
 ScratchDirectory::~ScratchDirectory() {
   std::filesystem::remove_all(path_);
+}
+
+std::string simulated_gpu_uuid(int index) {
+  char text[48];
+  std::snprintf(text, sizeof text, "GPU-7e55e7a0-0000-4000-8000-%012x", index);
+  return text;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream input(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());
 }
 
 // TESSERA_TEST_BUILD_DIR runs the tests against another build's programs (for example an

@@ -66,6 +66,11 @@ class ScratchDirectory {
   std::string path_;
 };
 
+// The UUID the simulated GPU gives device `index`.
+std::string simulated_gpu_uuid(int index);
+// A text file's content ("" if it cannot be read).
+std::string read_text_file(const std::string& path);
+
 // Paths in the build tree.
 std::string build_path(const std::string& relative);
 std::string worker();   // tests/cuda_worker

@@ -96,6 +96,20 @@ class Reader {
     return value;
   }
 
+  // A string that must be one of `choices`; refused with `refusal` and the value otherwise.
+  template <typename T>
+  T choice(const YAML::Node& node, const std::string& path,
+           std::initializer_list<std::pair<const char*, T>> choices, const char* refusal) {
+    const std::string value = text(node, path);
+    for (const auto& [name, meaning] : choices) {
+      if (value == name) return meaning;
+    }
+    std::string names;
+    for (const auto& [name, meaning] : choices)
+      names += (names.empty() ? "" : ", ") + std::string(name);
+    fail(path, fmt::format("{}{} (one of: {})", refusal, value.substr(0, 200), names));
+  }
+
   static std::string join(const std::string& path, const std::string& key) {
     return path.empty() ? key : path + "." + key;
   }
@@ -329,36 +343,26 @@ SharedResources shared_resources(Reader& reader, const YAML::Node& node, const s
   return section;
 }
 
+// One strategy or a list of them.
 void read_device_list_strategy(Reader& reader, const YAML::Node& node, const std::string& path,
                                DeviceListStrategies& strategies) {
-  std::vector<std::string> names;
   reader.visit(path);
-  if (node.IsSequence()) {
-    for (std::size_t i = 0; i < node.size(); ++i) {
-      names.push_back(reader.text(node[i], Reader::item(path, i)));
-    }
-  } else {
-    names.push_back(reader.text(node, path));
-  }
-  if (names.empty()) {
+  const std::size_t count = node.IsSequence() ? node.size() : 1;
+  if (count == 0) {
     reader.fail(path,
                 "invalid --device-list-strategy option: no device list strategy specified; at "
                 "least one of [envvar volume-mounts cdi-annotations cdi-cri] is required");
   }
   strategies = DeviceListStrategies{false, false, false, false};
-  for (const std::string& name : names) {
-    if (name == "envvar") {
-      strategies.envvar = true;
-    } else if (name == "volume-mounts") {
-      strategies.volume_mounts = true;
-    } else if (name == "cdi-annotations") {
-      strategies.cdi_annotations = true;
-    } else if (name == "cdi-cri") {
-      strategies.cdi_cri = true;
-    } else {
-      reader.fail(path, fmt::format("invalid --device-list-strategy option: invalid strategy: {}",
-                                    name.substr(0, 200)));
-    }
+  for (std::size_t i = 0; i < count; ++i) {
+    bool* chosen = reader.choice<bool*>(
+        node.IsSequence() ? node[i] : node, node.IsSequence() ? Reader::item(path, i) : path,
+        {{"envvar", &strategies.envvar},
+         {"volume-mounts", &strategies.volume_mounts},
+         {"cdi-annotations", &strategies.cdi_annotations},
+         {"cdi-cri", &strategies.cdi_cri}},
+        "invalid --device-list-strategy option: invalid strategy: ");
+    *chosen = true;
   }
 }
 
@@ -408,18 +412,11 @@ void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConf
     if (node[name]) config.ignored.push_back(std::string("flags.") + name);
   };
   if (node["migStrategy"] && !node["migStrategy"].IsNull()) {
-    const std::string strategy = reader.text(node["migStrategy"], "flags.migStrategy");
-    if (strategy == "none") {
-      flags.mig_strategy = MigStrategy::none;
-    } else if (strategy == "single") {
-      flags.mig_strategy = MigStrategy::single;
-    } else if (strategy == "mixed") {
-      flags.mig_strategy = MigStrategy::mixed;
-    } else {
-      reader.fail("flags.migStrategy",
-                  fmt::format("invalid --mig-strategy option: {} (none, single or mixed)",
-                              strategy.substr(0, 200)));
-    }
+    flags.mig_strategy = reader.choice<MigStrategy>(node["migStrategy"], "flags.migStrategy",
+                                                    {{"none", MigStrategy::none},
+                                                     {"single", MigStrategy::single},
+                                                     {"mixed", MigStrategy::mixed}},
+                                                    "invalid --mig-strategy option: ");
   }
   if (node["failOnInitError"] && !node["failOnInitError"].IsNull()) {
     flags.fail_on_init_error = reader.boolean(node["failOnInitError"], "flags.failOnInitError");
@@ -445,13 +442,9 @@ void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConf
     ignore(name);
   }
   if (node["deviceDiscoveryStrategy"] && !node["deviceDiscoveryStrategy"].IsNull()) {
-    const std::string strategy =
-        reader.text(node["deviceDiscoveryStrategy"], "flags.deviceDiscoveryStrategy");
-    if (strategy != "auto" && strategy != "nvml" && strategy != "tegra" && strategy != "wsl") {
-      reader.fail("flags.deviceDiscoveryStrategy",
-                  fmt::format("invalid device discovery strategy: {} (auto, nvml, tegra or wsl)",
-                              strategy.substr(0, 200)));
-    }
+    reader.choice<int>(node["deviceDiscoveryStrategy"], "flags.deviceDiscoveryStrategy",
+                       {{"auto", 0}, {"nvml", 0}, {"tegra", 0}, {"wsl", 0}},
+                       "invalid device discovery strategy: ");
     ignore("deviceDiscoveryStrategy");
   }
   if (const YAML::Node plugin = node["plugin"]; !reader.is_absent(plugin)) {
@@ -469,17 +462,10 @@ void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConf
                                 "flags.plugin.deviceListStrategy", flags.device_list);
     }
     if (plugin["deviceIDStrategy"] && !plugin["deviceIDStrategy"].IsNull()) {
-      const std::string strategy =
-          reader.text(plugin["deviceIDStrategy"], "flags.plugin.deviceIDStrategy");
-      if (strategy == "uuid") {
-        flags.device_id = DeviceIdStrategy::uuid;
-      } else if (strategy == "index") {
-        flags.device_id = DeviceIdStrategy::index;
-      } else {
-        reader.fail(
-            "flags.plugin.deviceIDStrategy",
-            fmt::format("invalid --device-id-strategy option: {}", strategy.substr(0, 200)));
-      }
+      flags.device_id = reader.choice<DeviceIdStrategy>(
+          plugin["deviceIDStrategy"], "flags.plugin.deviceIDStrategy",
+          {{"uuid", DeviceIdStrategy::uuid}, {"index", DeviceIdStrategy::index}},
+          "invalid --device-id-strategy option: ");
     }
     if (plugin["cdiAnnotationPrefix"] && !plugin["cdiAnnotationPrefix"].IsNull()) {
       flags.cdi_annotation_prefix =
@@ -568,17 +554,12 @@ void read_health(Reader& reader, const YAML::Node& node, PluginConfig& config) {
     if (!types.IsSequence()) reader.fail("health.eventTypes", "must be a list");
     health.xid_events = health.double_bit_ecc = health.single_bit_ecc = false;
     for (std::size_t i = 0; i < types.size(); ++i) {
-      const std::string type = reader.text(types[i], Reader::item("health.eventTypes", i));
-      if (type == "EventTypeXidCriticalError") {
-        health.xid_events = true;
-      } else if (type == "EventTypeDoubleBitEccError") {
-        health.double_bit_ecc = true;
-      } else if (type == "EventTypeSingleBitEccError") {
-        health.single_bit_ecc = true;
-      } else {
-        reader.fail(Reader::item("health.eventTypes", i),
-                    fmt::format("invalid event type: {}", type.substr(0, 200)));
-      }
+      bool* watched = reader.choice<bool*>(types[i], Reader::item("health.eventTypes", i),
+                                           {{"EventTypeXidCriticalError", &health.xid_events},
+                                            {"EventTypeDoubleBitEccError", &health.double_bit_ecc},
+                                            {"EventTypeSingleBitEccError", &health.single_bit_ecc}},
+                                           "invalid event type: ");
+      *watched = true;
     }
   }
   if (const YAML::Node ignored = node["ignoredXIDs"]; !reader.is_absent(ignored)) {
@@ -666,17 +647,37 @@ const char* mig_strategy_name(MigStrategy strategy) {
   }
 }
 
-const char* sharing_strategy_name(SharingStrategy strategy) {
-  switch (strategy) {
-    case SharingStrategy::time_slicing:
-      return "time-slicing";
-    case SharingStrategy::mps:
-      return "mps";
-    case SharingStrategy::slices:
-      return "slices";
-    default:
-      return "none";
+namespace {
+
+// Each sharing strategy in GFD's words (nvidia.com/gpu.sharing-strategy) and the seeds'
+// (nvidia.com/gpu.sharing).
+struct SharingNames {
+  SharingStrategy strategy;
+  const char* gfd;
+  const char* seeds;
+};
+constexpr SharingNames kSharingNames[] = {
+    {SharingStrategy::none, "none", "none"},
+    {SharingStrategy::time_slicing, "time-slicing", "timeslice"},
+    {SharingStrategy::mps, "mps", "mps"},
+    {SharingStrategy::slices, "slices", "slices"},
+};
+
+const SharingNames& sharing_names(SharingStrategy strategy) {
+  for (const SharingNames& names : kSharingNames) {
+    if (names.strategy == strategy) return names;
   }
+  return kSharingNames[0];
+}
+
+}  // namespace
+
+const char* sharing_strategy_name(SharingStrategy strategy) {
+  return sharing_names(strategy).gfd;
+}
+
+const char* sharing_label(SharingStrategy strategy) {
+  return sharing_names(strategy).seeds;
 }
 
 SharingStrategy PluginConfig::strategy() const {

@@ -29,6 +29,7 @@ enum class SharingStrategy { none, time_slicing, mps, slices };
 
 const char* mig_strategy_name(MigStrategy strategy);
 const char* sharing_strategy_name(SharingStrategy strategy);  // as GFD's label says it
+const char* sharing_label(SharingStrategy strategy);          // the seeds' nvidia.com/gpu.sharing
 
 // Which GPUs a shared resource covers: all of them, the first `count`, or a list of GPU
 // indices, MIG indices ("0:1") and UUIDs (GPU-..., MIG-...).

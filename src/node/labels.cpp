@@ -13,20 +13,6 @@
 namespace tessera::node {
 namespace {
 
-// The seeds' vocabulary for how a node shares its GPUs.
-const char* sharing_label(SharingStrategy strategy) {
-  switch (strategy) {
-    case SharingStrategy::time_slicing:
-      return "timeslice";
-    case SharingStrategy::mps:
-      return "mps";
-    case SharingStrategy::slices:
-      return "slices";
-    default:
-      return "none";
-  }
-}
-
 // The sharing mode of one GPU as the resource map serves it.
 const char* gpu_sharing(const ResourceMap& map, int gpu, SharingStrategy strategy, int& slices) {
   slices = 1;
@@ -34,8 +20,8 @@ const char* gpu_sharing(const ResourceMap& map, int gpu, SharingStrategy strateg
     for (const AdvertisedDevice& device : resource.devices) {
       if (device.gpu != gpu || device.replica < 0) continue;
       slices = resource.replicas;
-      if (resource.kind == ResourceKind::slices) return "slices";
-      return strategy == SharingStrategy::mps ? "mps" : "timeslice";
+      if (resource.kind == ResourceKind::slices) return sharing_label(SharingStrategy::slices);
+      return sharing_label(strategy);
     }
   }
   return "none";

@@ -19,21 +19,39 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// One metric family: its help and type, then its samples.
-class Family {
+// The text format: families declared with their type and help, samples added to any of them
+// in any order, written out family by family.
+class Exposition {
  public:
-  Family(std::string& out, const char* name, const char* type, const char* help)
-      : out_(out), name_(name) {
-    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  void family(const char* name, const char* type, const char* help) {
+    families_.push_back({name, type, help, {}});
   }
-  void sample(const std::string& labels, double value) {
-    out_ += fmt::format("{}{{{}}} {}\n", name_, labels, value);
+  void add(const char* name, const std::string& labels, double value) {
+    for (Family& family : families_) {
+      if (family.name == name) {
+        family.samples += labels.empty() ? fmt::format("{} {}\n", name, value)
+                                         : fmt::format("{}{{{}}} {}\n", name, labels, value);
+        return;
+      }
+    }
   }
-  void sample(double value) { out_ += fmt::format("{} {}\n", name_, value); }
+  std::string text() const {
+    std::string out;
+    for (const Family& family : families_) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", family.name, family.help, family.name,
+                         family.type, family.samples);
+    }
+    return out;
+  }
 
  private:
-  std::string& out_;
-  const char* name_;
+  struct Family {
+    std::string name;
+    const char* type;
+    const char* help;
+    std::string samples;
+  };
+  std::vector<Family> families_;
 };
 
 struct Group {
@@ -110,159 +128,122 @@ std::string metric_label(const std::string& text) {
 }
 
 std::string MetricsRenderer::render(const AgentStatus& status) {
-  std::string out;
+  Exposition out;
+  out.family("tessera_gpu_healthy", "gauge",
+             "1 while the GPU is healthy; 0 after a critical XID or ECC error, until the recovery "
+             "period passes without one");
+  out.family("tessera_gpu_health_errors_total", "counter",
+             "Critical errors seen on the GPU since the agent started");
+  out.family("tessera_gpu_memory_total_bytes", "gauge", "The GPU's memory");
+  out.family("tessera_xid_events_total", "counter",
+             "XID events seen by the health monitor (ignored ones included; 48 counts double-bit "
+             "ECC errors)");
+  out.family("tessera_allocations_total", "counter", "Containers given devices by Allocate");
+  out.family("tessera_allocation_refusals_total", "counter",
+             "Allocate requests refused (the pod sees UnexpectedAdmissionError)");
+  out.family("tessera_advertised_devices", "gauge",
+             "Devices advertised to the kubelet, by resource and health");
+  out.family("tessera_config_generation", "gauge",
+             "How many configs the agent has applied since it started");
+  out.family("tessera_config_reload_errors_total", "counter",
+             "Configs refused (the last good one kept serving)");
+  out.family("tessera_config_info", "gauge",
+             "The config being served; refused=1 while a newer one is refused");
+  out.family("tessera_container_memory_limit_bytes", "gauge",
+             "Device memory the container's processes may hold on the GPU (absent: no limit)");
+  out.family("tessera_container_memory_used_bytes", "gauge",
+             "Device memory the container's live processes hold");
+  out.family("tessera_container_memory_peak_bytes", "gauge", "The most the container has held");
+  out.family("tessera_container_memory_refusals_total", "counter",
+             "Allocations refused for the limit");
+  out.family("tessera_container_compute_share_percent", "gauge",
+             "The compute share the container was given");
+  out.family("tessera_container_compute_achieved_percent", "gauge",
+             "Device time the container's launches were granted since the previous scrape, "
+             "percent");
+  out.family("tessera_container_throttled_seconds_total", "counter",
+             "Time the container's launches waited for their share");
+  out.family("tessera_container_priority", "gauge", "The container's priority (high, low or none)");
+  out.family("tessera_container_processes", "gauge", "Live processes in the container's group");
+  out.family("tessera_container_ledger_damaged", "gauge",
+             "1 for a container whose ledger cannot be trusted");
+
   const Inventory& inventory = *status.inventory;
+  const std::string host = fmt::format("Hostname=\"{}\"", metric_label(status.hostname));
   auto gpu_labels = [&](int gpu) {
     const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
-    return fmt::format("gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",Hostname=\"{}\"", info.index,
-                       metric_label(info.uuid), metric_label(info.name),
-                       metric_label(status.hostname));
+    return fmt::format("gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",{}", info.index,
+                       metric_label(info.uuid), metric_label(info.name), host);
   };
-  {
-    Family health(out, "tessera_gpu_healthy", "gauge",
-                  "1 while the GPU is healthy; 0 after a critical XID or ECC error, until the "
-                  "recovery period passes without one");
-    for (std::size_t gpu = 0; gpu < inventory.gpus.size(); ++gpu) {
-      health.sample(gpu_labels(static_cast<int>(gpu)),
-                    status.health->healthy(static_cast<int>(gpu)) ? 1 : 0);
-    }
+  for (std::size_t index = 0; index < inventory.gpus.size(); ++index) {
+    const int gpu = static_cast<int>(index);
+    out.add("tessera_gpu_healthy", gpu_labels(gpu), status.health->healthy(gpu) ? 1 : 0);
+    out.add("tessera_gpu_health_errors_total", gpu_labels(gpu),
+            static_cast<double>(status.health->errors(gpu)));
+    out.add("tessera_gpu_memory_total_bytes", gpu_labels(gpu),
+            static_cast<double>(inventory.gpus[index].memory_bytes));
   }
-  {
-    Family errors(out, "tessera_gpu_health_errors_total", "counter",
-                  "Critical errors seen on the GPU since the agent started");
-    for (std::size_t gpu = 0; gpu < inventory.gpus.size(); ++gpu) {
-      errors.sample(gpu_labels(static_cast<int>(gpu)),
-                    static_cast<double>(status.health->errors(static_cast<int>(gpu))));
-    }
+  for (const auto& [xid, count] : status.xids) {
+    out.add("tessera_xid_events_total", fmt::format("xid=\"{}\",{}", xid, host),
+            static_cast<double>(count));
   }
-  {
-    Family memory(out, "tessera_gpu_memory_total_bytes", "gauge", "The GPU's memory");
-    for (std::size_t gpu = 0; gpu < inventory.gpus.size(); ++gpu) {
-      memory.sample(gpu_labels(static_cast<int>(gpu)),
-                    static_cast<double>(inventory.gpus[gpu].memory_bytes));
-    }
+  for (const auto& [name, served] : status.resources) {
+    const std::string resource = fmt::format("resource=\"{}\"", metric_label(name));
+    out.add("tessera_allocations_total", resource, static_cast<double>(served.allocations));
+    out.add("tessera_allocation_refusals_total", resource, static_cast<double>(served.refusals));
+    out.add("tessera_advertised_devices", resource + ",health=\"Healthy\"",
+            static_cast<double>(served.healthy));
+    out.add("tessera_advertised_devices", resource + ",health=\"Unhealthy\"",
+            static_cast<double>(served.devices - served.healthy));
   }
-  {
-    Family xids(out, "tessera_xid_events_total", "counter",
-                "XID events seen by the health monitor (ignored ones included; 48 counts "
-                "double-bit ECC errors)");
-    for (const auto& [xid, count] : status.xids) {
-      xids.sample(fmt::format("xid=\"{}\",Hostname=\"{}\"", xid, metric_label(status.hostname)),
-                  static_cast<double>(count));
-    }
-  }
-  {
-    Family allocations(out, "tessera_allocations_total", "counter",
-                       "Containers given devices by Allocate");
-    for (const auto& [name, served] : status.resources) {
-      allocations.sample(fmt::format("resource=\"{}\"", metric_label(name)),
-                         static_cast<double>(served.allocations));
-    }
-  }
-  {
-    Family refusals(out, "tessera_allocation_refusals_total", "counter",
-                    "Allocate requests refused (the pod sees UnexpectedAdmissionError)");
-    for (const auto& [name, served] : status.resources) {
-      refusals.sample(fmt::format("resource=\"{}\"", metric_label(name)),
-                      static_cast<double>(served.refusals));
-    }
-  }
-  {
-    Family devices(out, "tessera_advertised_devices", "gauge",
-                   "Devices advertised to the kubelet, by resource and health");
-    for (const auto& [name, served] : status.resources) {
-      devices.sample(fmt::format("resource=\"{}\",health=\"Healthy\"", metric_label(name)),
-                     static_cast<double>(served.healthy));
-      devices.sample(fmt::format("resource=\"{}\",health=\"Unhealthy\"", metric_label(name)),
-                     static_cast<double>(served.devices - served.healthy));
-    }
-  }
-  {
-    Family generation(out, "tessera_config_generation", "gauge",
-                      "How many configs the agent has applied since it started");
-    generation.sample(static_cast<double>(status.config_generation));
-    Family errors(out, "tessera_config_reload_errors_total", "counter",
-                  "Configs refused (the last good one kept serving)");
-    errors.sample(static_cast<double>(status.reload_errors));
-    Family info(out, "tessera_config_info", "gauge",
-                "The config being served; refused=1 while a newer one is refused");
-    info.sample(fmt::format("config=\"{}\",refused=\"{}\"", metric_label(status.config_name),
-                            status.config_refused ? 1 : 0),
-                1);
-  }
+  out.add("tessera_config_generation", "", static_cast<double>(status.config_generation));
+  out.add("tessera_config_reload_errors_total", "", static_cast<double>(status.reload_errors));
+  out.add("tessera_config_info",
+          fmt::format("config=\"{}\",refused=\"{}\"", metric_label(status.config_name),
+                      status.config_refused ? 1 : 0),
+          1);
 
   const std::vector<Group> groups = read_groups(ledger_root_, inventory);
-  const std::string host = fmt::format(",Hostname=\"{}\"", metric_label(status.hostname));
   const std::uint64_t now = monotonic_ns();
   std::lock_guard<std::mutex> locked(mutex_);
   std::map<std::string, Sample> current;
-  Family limit(out, "tessera_container_memory_limit_bytes", "gauge",
-               "Device memory the container's processes may hold on the GPU (absent: no limit)");
-  std::string used_text, peak_text, refused_text, asked_text, achieved_text, throttled_text,
-      priority_text, members_text, damaged_text;
   for (const Group& group : groups) {
+    const std::string labels = group.labels + "," + host;
     if (!group.damage.empty()) {
-      damaged_text +=
-          fmt::format("tessera_container_ledger_damaged{{{}{}}} 1\n", group.labels, host);
+      out.add("tessera_container_ledger_damaged", labels, 1);
       continue;
     }
-    members_text +=
-        fmt::format("tessera_container_processes{{{}{}}} {}\n", group.labels, host, group.members);
-    priority_text += fmt::format("tessera_container_priority{{{}{},priority=\"{}\"}} 1\n",
-                                 group.labels, host, priority_name(group.priority));
+    out.add("tessera_container_processes", labels, group.members);
+    out.add("tessera_container_priority",
+            fmt::format("{},priority=\"{}\"", labels, priority_name(group.priority)), 1);
     for (std::size_t i = 0; i < group.usage.size(); ++i) {
       const ledger::DeviceUsage& usage = group.usage[i];
-      const std::string labels = group.labels + "," + gpu_labels(group.gpus[i]);
-      if (usage.limit != kUnlimited) limit.sample(labels, static_cast<double>(usage.limit));
-      used_text +=
-          fmt::format("tessera_container_memory_used_bytes{{{}}} {}\n", labels, usage.used);
-      peak_text +=
-          fmt::format("tessera_container_memory_peak_bytes{{{}}} {}\n", labels, usage.peak);
-      refused_text += fmt::format("tessera_container_memory_refusals_total{{{}}} {}\n", labels,
-                                  usage.rejections);
-      if (usage.cores != 0) {
-        asked_text +=
-            fmt::format("tessera_container_compute_share_percent{{{}}} {}\n", labels, usage.cores);
+      const std::string on_gpu = group.labels + "," + gpu_labels(group.gpus[i]);
+      if (usage.limit != kUnlimited) {
+        out.add("tessera_container_memory_limit_bytes", on_gpu, static_cast<double>(usage.limit));
       }
-      throttled_text += fmt::format("tessera_container_throttled_seconds_total{{{}}} {}\n", labels,
-                                    static_cast<double>(usage.throttled_ns) / 1e9);
+      out.add("tessera_container_memory_used_bytes", on_gpu, static_cast<double>(usage.used));
+      out.add("tessera_container_memory_peak_bytes", on_gpu, static_cast<double>(usage.peak));
+      out.add("tessera_container_memory_refusals_total", on_gpu,
+              static_cast<double>(usage.rejections));
+      if (usage.cores != 0) {
+        out.add("tessera_container_compute_share_percent", on_gpu, usage.cores);
+      }
+      out.add("tessera_container_throttled_seconds_total", on_gpu,
+              static_cast<double>(usage.throttled_ns) / 1e9);
       const std::string key = group.directory + "#" + std::to_string(i);
       current[key] = Sample{usage.device_time_ns, now};
-      if (const auto before = previous_.find(key);
-          before != previous_.end() && now > before->second.at_ns &&
+      const auto before = previous_.find(key);
+      if (before != previous_.end() && now > before->second.at_ns &&
           usage.device_time_ns >= before->second.device_time_ns) {
-        achieved_text += fmt::format(
-            "tessera_container_compute_achieved_percent{{{}}} {:.2f}\n", labels,
-            100.0 * static_cast<double>(usage.device_time_ns - before->second.device_time_ns) /
-                static_cast<double>(now - before->second.at_ns));
+        out.add("tessera_container_compute_achieved_percent", on_gpu,
+                100.0 * static_cast<double>(usage.device_time_ns - before->second.device_time_ns) /
+                    static_cast<double>(now - before->second.at_ns));
       }
     }
   }
   previous_ = std::move(current);
-  auto family = [&out](const char* name, const char* type, const char* help,
-                       const std::string& samples) {
-    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", name, help, name, type, samples);
-  };
-  family("tessera_container_memory_used_bytes", "gauge",
-         "Device memory the container's live processes hold", used_text);
-  family("tessera_container_memory_peak_bytes", "gauge", "The most the container has held",
-         peak_text);
-  family("tessera_container_memory_refusals_total", "counter", "Allocations refused for the limit",
-         refused_text);
-  family("tessera_container_compute_share_percent", "gauge",
-         "The compute share the container was given", asked_text);
-  family("tessera_container_compute_achieved_percent", "gauge",
-         "Device time the container's launches were granted since the previous scrape, percent",
-         achieved_text);
-  family("tessera_container_throttled_seconds_total", "counter",
-         "Time the container's launches waited for their share", throttled_text);
-  family("tessera_container_priority", "gauge", "The container's priority (high, low or none)",
-         priority_text);
-  family("tessera_container_processes", "gauge", "Live processes in the container's group",
-         members_text);
-  family("tessera_container_ledger_damaged", "gauge",
-         "1 for a container whose ledger cannot be trusted", damaged_text);
-  return out;
+  return out.text();
 }
 
 }  // namespace tessera::node
