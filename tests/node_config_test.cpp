@@ -50,7 +50,7 @@ Inventory machine(int count, const std::string& name = "NVIDIA A100-SXM4-40GB",
 }
 
 // NVIDIA's replica IDs: each GPU's UUID, then ::0 to ::replicas-1.
-std::set<std::string> replicas_of(const std::vector<int>& gpus, int replicas) {
+std::set<std::string> simulated_replica_ids(const std::vector<int>& gpus, int replicas) {
   std::set<std::string> ids;
   for (const int gpu : gpus) {
     for (int i = 0; i < replicas; ++i)
@@ -90,16 +90,17 @@ TEST(NodeConfig, EveryNvidiaAndSeedExampleGivesNvidiasResourcesAndIds) {
   const std::set<std::string> whole = {simulated_gpu_uuid(0), simulated_gpu_uuid(1)};
   const Case cases[] = {
       {"nvidia-flags.yaml", {{"nvidia.com/gpu", whole}}},
-      {"nvidia-time-slicing.yaml", {{"nvidia.com/gpu", replicas_of(both, 10)}}},
-      {"nvidia-time-slicing-renamed.yaml", {{"nvidia.com/gpu.shared", replicas_of(both, 10)}}},
-      {"nvidia-fail-requests.yaml", {{"nvidia.com/gpu", replicas_of(both, 10)}}},
-      {"seed-any.yaml", {{"nvidia.com/gpu", replicas_of(both, 4)}}},
+      {"nvidia-time-slicing.yaml", {{"nvidia.com/gpu", simulated_replica_ids(both, 10)}}},
+      {"nvidia-time-slicing-renamed.yaml",
+       {{"nvidia.com/gpu.shared", simulated_replica_ids(both, 10)}}},
+      {"nvidia-fail-requests.yaml", {{"nvidia.com/gpu", simulated_replica_ids(both, 10)}}},
+      {"seed-any.yaml", {{"nvidia.com/gpu", simulated_replica_ids(both, 4)}}},
       // mixed, and no GPU has MIG on: whole GPUs shared 8 ways; the MIG resources match nothing.
-      {"seed-a100-40gb.yaml", {{"nvidia.com/gpu", replicas_of(both, 8)}}},
-      {"seed-tesla-t4.yaml", {{"nvidia.com/gpu", replicas_of(both, 4)}}},
-      {"seed-chapter-time-slicing.yaml", {{"nvidia.com/gpu", replicas_of(both, 4)}}},
+      {"seed-a100-40gb.yaml", {{"nvidia.com/gpu", simulated_replica_ids(both, 8)}}},
+      {"seed-tesla-t4.yaml", {{"nvidia.com/gpu", simulated_replica_ids(both, 4)}}},
+      {"seed-chapter-time-slicing.yaml", {{"nvidia.com/gpu", simulated_replica_ids(both, 4)}}},
       {"seed-chapter-mig.yaml", {{"nvidia.com/gpu", whole}}},
-      {"tessera-slices.yaml", {{"nvidia.com/gpu", replicas_of(both, 4)}}},
+      {"tessera-slices.yaml", {{"nvidia.com/gpu", simulated_replica_ids(both, 4)}}},
   };
   for (const Case& test : cases) {
     SCOPED_TRACE(test.file);
@@ -310,7 +311,7 @@ TEST(NodeResources, SharingSomeGpusLeavesTheOthersWholeAndRenamesAsAsked) {
   // devices: [0, 1] as slices: GPUs 2 and 3 whole in the same resource, as NVIDIA leaves them.
   const ResourceMap partly = build_resource_map(
       four, parse_plugin_config(read_text_file(example("tessera-partly-shared.yaml")), "partly"));
-  std::set<std::string> expected = replicas_of({0, 1}, 4);
+  std::set<std::string> expected = simulated_replica_ids({0, 1}, 4);
   expected.insert(simulated_gpu_uuid(2));
   expected.insert(simulated_gpu_uuid(3));
   EXPECT_EQ(resources_of(partly).at("nvidia.com/gpu"), expected);
@@ -320,7 +321,7 @@ TEST(NodeResources, SharingSomeGpusLeavesTheOthersWholeAndRenamesAsAsked) {
       parse_plugin_config("sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, rename: "
                           "gpu-small, replicas: 3, devices: 1}]}}",
                           "renamed"));
-  EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu-small"), replicas_of({0}, 3));
+  EXPECT_EQ(resources_of(renamed).at("nvidia.com/gpu-small"), simulated_replica_ids({0}, 3));
   EXPECT_EQ(
       resources_of(renamed).at("nvidia.com/gpu"),
       (std::set<std::string>{simulated_gpu_uuid(1), simulated_gpu_uuid(2), simulated_gpu_uuid(3)}));

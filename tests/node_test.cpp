@@ -134,7 +134,7 @@ std::set<std::string> ids_of(const TestKubelet::Devices& devices) {
   return ids;
 }
 
-std::set<std::string> replica_ids(const std::vector<int>& gpus, int replicas) {
+std::set<std::string> simulated_replica_ids(const std::vector<int>& gpus, int replicas) {
   std::set<std::string> ids;
   for (const int gpu : gpus) {
     for (int i = 0; i < replicas; ++i)
@@ -198,11 +198,12 @@ TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
     ASSERT_TRUE(node.started()) << node.log();
-    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+    ASSERT_TRUE(
+        kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
         << node.log();
     // Distributed: two replicas go to two GPUs; one of them allocated already moves the next.
     std::vector<std::string> chosen;
-    const auto all = replica_ids({0, 1}, 4);
+    const auto all = simulated_replica_ids({0, 1}, 4);
     ASSERT_TRUE(kubelet.preferred("nvidia.com/gpu", {all.begin(), all.end()}, {}, 2, chosen).ok());
     ASSERT_EQ(chosen.size(), 2u);
     EXPECT_NE(chosen[0].substr(0, 40), chosen[1].substr(0, 40));
@@ -221,8 +222,8 @@ TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
       << read_text_file(example("nvidia-time-slicing-renamed.yaml"));
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
-    ASSERT_TRUE(
-        kubelet.wait_for_devices("nvidia.com/gpu.shared", has_ids(replica_ids({0, 1}, 10)), 10s))
+    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu.shared",
+                                         has_ids(simulated_replica_ids({0, 1}, 10)), 10s))
         << node.log();
     EXPECT_EQ(kubelet.resources(), std::vector<std::string>{"nvidia.com/gpu.shared"});
     const auto registrations = kubelet.registrations();
@@ -233,7 +234,8 @@ TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
       << read_text_file(example("nvidia-fail-requests.yaml"));
   {
     NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
-    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 10)), 10s))
+    ASSERT_TRUE(
+        kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 10)), 10s))
         << node.log();
     v1beta1::AllocateResponse response;
     const grpc::Status refused = kubelet.allocate(
@@ -281,7 +283,8 @@ TEST(Node, AKubeletRestartIsFollowedByRegistrationWithinASecond) {
   TestKubelet kubelet(scratch.file("dp"));
   std::ofstream(scratch.file("config.yaml")) << read_text_file(example("seed-any.yaml"));
   NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
       << node.log();
   for (int restart = 0; restart < 3; ++restart) {
     const auto before = Clock::now();
@@ -292,7 +295,8 @@ TEST(Node, AKubeletRestartIsFollowedByRegistrationWithinASecond) {
         << node.log();
     EXPECT_LT(registration.at - before, 1s);
     // Served again on a new socket: the kubelet lists and allocates as before.
-    ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 5s));
+    ASSERT_TRUE(
+        kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 5s));
     v1beta1::AllocateResponse response;
     EXPECT_TRUE(
         kubelet.allocate("nvidia.com/gpu", {{simulated_gpu_uuid(1) + "::2"}}, response).ok());
@@ -304,7 +308,8 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
   TestKubelet kubelet(scratch.file("dp"));
   write_config(scratch.file("config.yaml"), replicas_config(4));
   NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, machine(scratch));
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
       << node.log();
 
   // A stream of Allocate calls, as pods keep starting, for a device every config here has.
@@ -330,12 +335,14 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
   const double generation = node.metric("tessera_config_generation");
   ASSERT_TRUE(calls_continue());
   write_config(scratch.file("config.yaml"), replicas_config(8));
-  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 8)), 10s))
+  EXPECT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 8)), 10s))
       << node.log();
   EXPECT_TRUE(calls_continue());
   write_config(scratch.file("config.yaml"),
                replicas_config(2, "    failRequestsGreaterThanOne: true\n"));
-  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 2)), 10s))
+  EXPECT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 2)), 10s))
       << node.log();
   EXPECT_TRUE(calls_continue());
   // Refused: an unknown field. The last good config keeps serving.
@@ -345,10 +352,11 @@ TEST(Node, AnEditedConfigIsAppliedLiveWhileAllocateNeverFailsAndABadOneKeepsTheL
     std::this_thread::sleep_for(50ms);  // polling the agent's own counter, not standing in for it
   }
   EXPECT_EQ(node.metric("tessera_config_reload_errors_total"), 1) << node.log();
-  EXPECT_EQ(ids_of(kubelet.devices("nvidia.com/gpu")), replica_ids({0, 1}, 2));
+  EXPECT_EQ(ids_of(kubelet.devices("nvidia.com/gpu")), simulated_replica_ids({0, 1}, 2));
   EXPECT_TRUE(calls_continue());
   write_config(scratch.file("config.yaml"), replicas_config(6));
-  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 6)), 10s))
+  EXPECT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 6)), 10s))
       << node.log();
   EXPECT_TRUE(calls_continue());
   done = true;
@@ -372,7 +380,8 @@ TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers
   const Environment env = machine(scratch, kTwoGpus, {{"DP_DISABLE_HEALTHCHECKS", "94"}});
   NodeProcess node(scratch,
                    {"--config-file", scratch.file("config.yaml"), "--recovery-period", "2"}, env);
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
       << node.log();
   auto health_of = [](const TestKubelet::Devices& devices, int gpu) {
     std::set<std::string> health;
@@ -431,8 +440,8 @@ TEST(Node, WithoutAnApiServerItServesFromTheConfigAndSaysOnceWhatNeedsOne) {
       scratch,
       {"--config-file", scratch.file("config.yaml"), "--features-dir", scratch.file("features.d")},
       machine(scratch, "T4,context=0;T4,context=0;T4,context=0;T4,context=0"));
-  ASSERT_TRUE(
-      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1, 2, 3}, 4)), 10s))
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu",
+                                       has_ids(simulated_replica_ids({0, 1, 2, 3}, 4)), 10s))
       << node.log();
   // The features file is written when the config is applied, before the plugins register.
   const std::string features = read_text_file(scratch.file("features.d/tessera-gpu"));
@@ -459,7 +468,8 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
       {"--config-dir", scratch.file("configs"), "--config", "any", "--api-server", cluster.url()},
       machine(scratch));
   ASSERT_TRUE(node.started()) << node.log();
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
       << node.log();
   auto label = [](const char* key, const std::string& value) {
     return [key, value](const nlohmann::json& object) {
@@ -482,7 +492,8 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
   // The label NVIDIA's plugin reads chooses the config, live.
   cluster.patch("nodes", "gpu-node",
                 {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", "small"}}}}}});
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 2)), 10s))
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 2)), 10s))
       << node.log();
   EXPECT_TRUE(cluster.wait_for("nodes", "gpu-node", label("nvidia.com/gpu.replicas", "2"), 10s));
   // A label naming no config: refused, shown on the node, the last good config serving.
@@ -497,10 +508,11 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
       },
       10s))
       << node.log();
-  EXPECT_EQ(ids_of(kubelet.devices("nvidia.com/gpu")), replica_ids({0, 1}, 2));
+  EXPECT_EQ(ids_of(kubelet.devices("nvidia.com/gpu")), simulated_replica_ids({0, 1}, 2));
   cluster.patch("nodes", "gpu-node",
                 {{"metadata", {{"labels", {{"nvidia.com/device-plugin.config", nullptr}}}}}});
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
       << node.log();
   EXPECT_TRUE(cluster.wait_for(
       "nodes", "gpu-node",
@@ -540,7 +552,8 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   NodeProcess node(
       scratch, {"--config-file", scratch.file("config.yaml"), "--api-server", cluster.url()}, env);
   ASSERT_TRUE(node.started()) << node.log();
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replica_ids({0, 1}, 4)), 10s))
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
       << node.log();
   ASSERT_TRUE(cluster.wait_for(
       "nodes", "gpu-node",

@@ -209,6 +209,15 @@ std::string simulated_gpu_uuid(int index) {
   return text;
 }
 
+std::set<std::string> simulated_replica_ids(const std::vector<int>& gpus, int replicas) {
+  std::set<std::string> ids;
+  for (const int gpu : gpus) {
+    for (int i = 0; i < replicas; ++i)
+      ids.insert(simulated_gpu_uuid(gpu) + "::" + std::to_string(i));
+  }
+  return ids;
+}
+
 std::string read_text_file(const std::string& path) {
   std::ifstream input(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());

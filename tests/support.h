@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,8 @@ class ScratchDirectory {
 
 // The UUID the simulated GPU gives device `index`.
 std::string simulated_gpu_uuid(int index);
+// NVIDIA's replica IDs for those simulated GPUs: each UUID, then ::0 to ::replicas-1.
+std::set<std::string> simulated_replica_ids(const std::vector<int>& gpus, int replicas);
 // A text file's content ("" if it cannot be read).
 std::string read_text_file(const std::string& path);
 
