@@ -191,6 +191,33 @@ TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
   EXPECT_FALSE(fs::exists(scratch.file("dp/tessera-gpu.sock")));  // its socket goes with it
 }
 
+TEST(Node, RefusedArgumentsExitWithUsageAndSayWhy) {
+  ScratchDirectory scratch;
+  const Environment env = machine(scratch);
+  struct Case {
+    std::vector<std::string> arguments;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {{"node", "--node-name", "GPU_Node/../x"}, "is not a Kubernetes node name"},
+      {{"node", "--node-name", "n", "--replica-policy", "random"}, "must be distributed or packed"},
+      {{"node", "--node-name", "n", "--recovery-period", "-1"}, "must be from 0 (never)"},
+      {{"node", "--node-name", "n", "--config-file", "a", "--config-dir", "b"}, "use one"},
+      {{"node", "--node-name", "n", "--metrics-listen", "9400"}, "is not HOST:PORT"},
+      {{"simgpu", "event", "--device", "0"}, "say which event"},
+      {{"simgpu", "event", "--device", "0", "--xid", "79", "--ecc", "double"}, "say which event"},
+      {{"simgpu", "event", "--device", "0", "--ecc", "triple"}, "must be single or double"},
+      {{"simgpu", "event", "--device", "7", "--xid", "79"}, "the simulated machine has 2 GPU(s)"},
+  };
+  for (const Case& test : cases) {
+    std::vector<std::string> argv = {tessera()};
+    argv.insert(argv.end(), test.arguments.begin(), test.arguments.end());
+    const Finished done = run(argv, env);
+    EXPECT_EQ(done.exit_code, 2) << test.reason;
+    EXPECT_NE(done.err.find(test.reason), std::string::npos) << done.err;
+  }
+}
+
 TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
   ScratchDirectory scratch;
   TestKubelet kubelet(scratch.file("dp"));

@@ -16,6 +16,7 @@
 #include "cli/environment.h"
 #include "cuda_abi/nvml_abi.h"
 #include "kube/api_client.h"
+#include "kube/objects.h"
 #include "node/agent.h"
 
 namespace tessera::cli {
@@ -44,6 +45,13 @@ int node_command(const NodeOptions& options) {
   if (agent.node_name.empty()) {
     const char* from_pod = std::getenv("NODE_NAME");
     agent.node_name = from_pod != nullptr && *from_pod != '\0' ? from_pod : host_name();
+  }
+  // It goes into the API server's paths: Kubernetes' rule for node names, nothing else.
+  if (!kube::dns_name(agent.node_name, kube::kMostNameLength, true)) {
+    throw UsageError(fmt::format(
+        "node name '{}' is not a Kubernetes node name (lowercase letters, digits, '-' and '.'); "
+        "set --node-name or NODE_NAME",
+        agent.node_name.substr(0, 300)));
   }
   if (options.recovery_seconds < 0 || options.recovery_seconds > 86400) {
     throw UsageError(fmt::format("--recovery-period {} must be from 0 (never) to 86400 seconds",

@@ -14,6 +14,7 @@ namespace tessera::extender {
 
 using kube::ApiClient;
 using kube::ApiResponse;
+using kube::dns_name;
 using kube::dump_outside_json;
 using kube::parse_outside_json;
 using kube::string_at;
@@ -46,16 +47,6 @@ const nlohmann::json* field(const nlohmann::json& object, const std::string& nam
 bool finished(const nlohmann::json& pod) {
   const std::string phase = string_at(pod, "/status/phase"_json_pointer);
   return phase == "Succeeded" || phase == "Failed";
-}
-
-// Names that go into API paths: Kubernetes' own rules (a DNS subdomain for a pod or a node,
-// a DNS label for a namespace), so that nothing else can reach the URL.
-bool dns_name(const std::string& name, std::size_t most, bool dots) {
-  if (name.empty() || name.size() > most) return false;
-  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
-  if (!alnum(name.front()) || !alnum(name.back())) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [&](char c) { return alnum(c) || c == '-' || (dots && c == '.'); });
 }
 
 const char* collection_path(Extender::Resource resource) {

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "kube/json_input.h"
@@ -135,6 +136,14 @@ std::string string_field(const nlohmann::json& root, std::initializer_list<const
         fmt::format("{}: {} is longer than {} bytes", owner, field, kMostNameLength));
   }
   return found->get<std::string>();
+}
+
+bool dns_name(const std::string& name, std::size_t most, bool dots) {
+  if (name.empty() || name.size() > most) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!alnum(name.front()) || !alnum(name.back())) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [&](char c) { return alnum(c) || c == '-' || (dots && c == '.'); });
 }
 
 std::string text_of(const nlohmann::json& value) {

@@ -67,6 +67,9 @@ const nlohmann::json& container_at(const nlohmann::json& root,
 // The string at `path`, `absent` where there is none; throws where something else is there.
 std::string string_field(const nlohmann::json& root, std::initializer_list<const char*> path,
                          const std::string& absent, const std::string& owner, const char* field);
+// Whether `name` follows Kubernetes' rules for names that go into API paths: a DNS label
+// (`dots` false: a namespace) or subdomain (a pod, a node), at most `most` bytes.
+bool dns_name(const std::string& name, std::size_t most, bool dots);
 // A string or a number as text; "" for anything else.
 std::string text_of(const nlohmann::json& value);
 

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/units.h"
+#include "kube/objects.h"
 
 namespace tessera::node {
 namespace {
@@ -157,15 +158,6 @@ class Reader {
   int visited_ = 0;
 };
 
-// A DNS-1123 subdomain, as Kubernetes requires of the name part of an extended resource.
-bool dns_subdomain(const std::string& name) {
-  if (name.empty() || name.size() > 253) return false;
-  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
-  if (!alnum(name.front()) || !alnum(name.back())) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [&](char c) { return alnum(c) || c == '-' || c == '.'; });
-}
-
 // NVIDIA's NewResourceName: a name without the nvidia.com/ prefix gets it.
 std::string resource_name(Reader& reader, const YAML::Node& node, const std::string& path) {
   std::string name = reader.text(node, path);
@@ -174,7 +166,7 @@ std::string resource_name(Reader& reader, const YAML::Node& node, const std::str
     reader.fail(path, fmt::format("fully-qualified resource name must be {} characters or less: {}",
                                   kMostResourceNameLength, name));
   }
-  if (!dns_subdomain(name.substr(name.find('/') + 1))) {
+  if (!kube::dns_name(name.substr(name.find('/') + 1), 253, true)) {
     reader.fail(path, fmt::format("incorrect format for resource name '{}': not a lowercase "
                                   "DNS subdomain (a-z, 0-9, '-', '.')",
                                   name));

@@ -341,7 +341,13 @@ ContainerAllocation SliceAllocator::allocate(const Inventory& inventory, const P
   return allocation;
 }
 
-int SliceAllocator::collect(const std::set<std::string>& live_pod_uids) const {
+int SliceAllocator::collect(const std::set<std::string>& live_pod_uids) {
+  {
+    std::lock_guard<std::mutex> locked(claim_mutex_);
+    std::erase_if(claimed_, [&](const std::string& claim) {
+      return live_pod_uids.count(claim.substr(0, claim.find('/'))) == 0;
+    });
+  }
   int removed = 0;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(files_.ledger_root, error)) {

@@ -69,8 +69,8 @@ class SliceAllocator {
   // Creates the files the containers need (the preload file); throws std::runtime_error.
   void prepare() const;
   // Removes ledger directories of pods no longer on this node with no live member, given the
-  // UIDs of the pods that are. Returns how many went.
-  int collect(const std::set<std::string>& live_pod_uids) const;
+  // UIDs of the pods that are, and forgets their claims. Returns how many went.
+  int collect(const std::set<std::string>& live_pod_uids);
 
  private:
   SliceGrant defaults(const Inventory& inventory, const Resource& resource,
