@@ -69,6 +69,12 @@ class NodeAgent {
   std::string metrics();
   const Inventory& inventory() const { return inventory_; }
 
+  // What each resource's plugin answers the kubelet (the gRPC servers call these; so may
+  // anyone, from any thread).
+  std::vector<PluginDevice> devices_of(const std::string& resource) const;
+  // Throws AllocationError with the reason the kubelet shows.
+  ContainerAllocation allocate(const std::string& resource, const std::vector<std::string>& ids);
+
  private:
   struct Served {
     PluginConfig config;
@@ -77,8 +83,6 @@ class NodeAgent {
   std::shared_ptr<const Served> served() const;
   void apply(std::shared_ptr<const Served> next);
   std::unique_ptr<DevicePluginServer> make_server(const std::string& resource);
-  std::vector<PluginDevice> devices_of(const std::string& resource) const;
-  ContainerAllocation allocate(const std::string& resource, const std::vector<std::string>& ids);
   ConfigSet read_configs() const;
   void restart_health(const PluginConfig& config);
   void register_all(bool restart_servers);
