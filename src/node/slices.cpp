@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,9 @@ namespace fs = std::filesystem;
 using kube::string_at;
 
 constexpr int kClaimAttempts = 5;
+// All the API calls of one claim together: the kubelet waits on Allocate meanwhile, and a
+// container that cannot learn its pod's request gets the slice's defaults rather than hang.
+constexpr auto kClaimBudget = std::chrono::seconds(8);
 
 // The scheduler's numbering of this node's GPUs: those served whole or as slices, in the
 // inventory's order, as the tessera.io/gpus annotation lists them.
@@ -105,8 +109,9 @@ SliceGrant SliceAllocator::defaults(const Inventory& inventory, const Resource& 
 bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resource, int devices,
                                SliceGrant& grant) {
   const std::string path = "/api/v1/pods?fieldSelector=spec.nodeName%3D" + node_name_;
+  const kube::Deadline deadline = std::chrono::steady_clock::now() + kClaimBudget;
   for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
-    const kube::ApiResponse listed = api_->get(path);
+    const kube::ApiResponse listed = api_->get(path, deadline);
     if (listed.status != 200) {
       report_(
           fmt::format("slices: cannot list this node's pods (HTTP {} {}); the slice's "
@@ -181,7 +186,7 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
         chosen.allocated.empty() ? chosen.container : chosen.allocated + "," + chosen.container;
     nlohmann::json patch{{"metadata", {{"annotations", {{kAllocatedAnnotation, allocated}}}}}};
     if (!chosen.version.empty()) patch["metadata"]["resourceVersion"] = chosen.version;
-    const kube::ApiResponse claimed = api_->patch(chosen.path, kube::dump_outside_json(patch));
+    const kube::ApiResponse claimed = api_->patch(chosen.path, kube::dump_outside_json(patch), deadline);
     if (claimed.status == 409) continue;
     if (claimed.status != 200) {
       report_(
