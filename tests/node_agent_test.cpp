@@ -108,3 +108,38 @@ TEST(NodeAgentThreads, ReloadsHealthEventsAllocateListsAndMetricsRunTogether) {
 
 }  // namespace
 }  // namespace tessera::test
+
+namespace tessera::test {
+namespace {
+
+// A GPU NVML cannot watch for errors is unhealthy, as NVIDIA's plugin holds, and stays so:
+// quiet is no news when nobody listens.
+TEST(NodeAgentThreads, AGpuThatCannotBeWatchedStaysUnhealthyPastTheRecoveryPeriod) {
+  ScratchDirectory scratch;
+  setenv("TESSERA_SIM_DEVICES", "H100,context=0", 1);
+  setenv("TESSERA_SIM_STATE", scratch.file("sim").c_str(), 1);
+  setenv("TESSERA_SIM_FAIL", "nvmlDeviceRegisterEvents", 1);
+  node::NodeAgentOptions options;
+  options.node_name = "unwatched";
+  options.nvml_library = build_path("sim/libnvidia-ml.so.1");
+  options.device_plugin_dir = scratch.file("dp");
+  options.state_dir = scratch.file("state");
+  options.recovery_quiet = 20ms;
+  node::NodeAgent agent(std::move(options));
+  agent.start();  // the variable stays set while the agent's threads may read it
+  auto healthy = [&] { return agent.devices_of("nvidia.com/gpu").at(0).healthy; };
+  const auto began = Clock::now();
+  while (healthy() && Clock::now() - began < 10s) std::this_thread::yield();
+  EXPECT_FALSE(healthy()) << "an unwatched GPU was served as healthy";
+  // Ten recovery periods later it is still down.
+  const auto marked = Clock::now();
+  while (Clock::now() - marked < 200ms) {
+    ASSERT_FALSE(healthy()) << "recovered after " << (Clock::now() - marked).count() << " ns";
+  }
+  EXPECT_NE(agent.metrics().find("tessera_gpu_healthy{gpu=\"0\""), std::string::npos);
+  agent.stop();
+  unsetenv("TESSERA_SIM_FAIL");
+}
+
+}  // namespace
+}  // namespace tessera::test

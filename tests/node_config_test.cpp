@@ -611,6 +611,12 @@ TEST(NodeHealth, WhatMakesAGpuUnhealthyFollowsNvidiasListsAndVariables) {
   EXPECT_TRUE(board.record_error(-1, "event wait failed", start));  // every GPU
   EXPECT_FALSE(board.healthy(0));
   EXPECT_FALSE(board.recover(std::chrono::seconds(0), start + std::chrono::hours(1)));  // 0: never
+  // A GPU held down (it cannot be watched) counts no error and stays down while held.
+  HealthBoard held(1);
+  EXPECT_TRUE(held.hold_down(0, "cannot be watched", start));
+  EXPECT_FALSE(held.hold_down(0, "cannot be watched", start + std::chrono::seconds(20)));
+  EXPECT_FALSE(held.recover(std::chrono::seconds(10), start + std::chrono::seconds(25)));
+  EXPECT_EQ(held.errors(0), 0u);
 }
 
 }  // namespace

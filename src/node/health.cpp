@@ -107,6 +107,17 @@ bool HealthBoard::record_error(int gpu, const std::string& reason, Clock::time_p
   return changed;
 }
 
+bool HealthBoard::hold_down(int gpu, const std::string& reason, Clock::time_point now) {
+  std::lock_guard<std::mutex> locked(mutex_);
+  if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return false;
+  State& state = gpus_[static_cast<std::size_t>(gpu)];
+  const bool changed = state.healthy;
+  state.healthy = false;
+  state.last_error = now;
+  state.reason = reason;
+  return changed;
+}
+
 bool HealthBoard::recover(std::chrono::milliseconds quiet, Clock::time_point now) {
   if (quiet.count() <= 0) return false;
   std::lock_guard<std::mutex> locked(mutex_);
@@ -229,6 +240,13 @@ void HealthMonitor::run() {
       }
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(timeout));
+    }
+    // A GPU that cannot be watched cannot be vouched for, as NVIDIA's plugin holds: it stays
+    // down however quiet it seems.
+    if (events != nullptr) {
+      for (const auto& [gpu, why] : events->unwatched()) {
+        if (board_.hold_down(gpu, "cannot be watched: " + why, Clock::now())) changed_();
+      }
     }
     if (board_.recover(policy_.recovery_quiet, Clock::now())) {
       report_("GPUs quiet for the recovery period are healthy again");

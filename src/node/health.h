@@ -45,6 +45,9 @@ class HealthBoard {
   void resize(int gpus);
   // Records an error on `gpu` (-1: every GPU); returns whether any GPU's health changed.
   bool record_error(int gpu, const std::string& reason, Clock::time_point now);
+  // Keeps `gpu` unhealthy as of `now` without counting an error (a GPU nobody can watch must
+  // not recover by staying quiet); returns whether its health changed.
+  bool hold_down(int gpu, const std::string& reason, Clock::time_point now);
   // GPUs quiet for `quiet` since their last error are healthy again; returns whether any was.
   bool recover(std::chrono::milliseconds quiet, Clock::time_point now);
   // When the next GPU would recover (time_point::max() if none is unhealthy).

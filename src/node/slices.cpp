@@ -186,7 +186,8 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
         chosen.allocated.empty() ? chosen.container : chosen.allocated + "," + chosen.container;
     nlohmann::json patch{{"metadata", {{"annotations", {{kAllocatedAnnotation, allocated}}}}}};
     if (!chosen.version.empty()) patch["metadata"]["resourceVersion"] = chosen.version;
-    const kube::ApiResponse claimed = api_->patch(chosen.path, kube::dump_outside_json(patch), deadline);
+    const kube::ApiResponse claimed =
+        api_->patch(chosen.path, kube::dump_outside_json(patch), deadline);
     if (claimed.status == 409) continue;
     if (claimed.status != 200) {
       report_(

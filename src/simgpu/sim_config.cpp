@@ -170,4 +170,18 @@ bool machine_spec_from_environment(MachineSpec& spec, ErrorText& error) {
   return parse_machine_spec("H100", "default", spec, error);
 }
 
+bool injected_failure(const char* entry_point) {
+  const char* names = std::getenv("TESSERA_SIM_FAIL");
+  if (names == nullptr) return false;
+  const std::size_t length = std::strlen(entry_point);
+  for (const char* at = names; *at != '\0';) {
+    const char* end = std::strchr(at, ',');
+    const std::size_t size = end == nullptr ? std::strlen(at) : static_cast<std::size_t>(end - at);
+    if (size == length && std::strncmp(at, entry_point, length) == 0) return true;
+    if (end == nullptr) break;
+    at = end + 1;
+  }
+  return false;
+}
+
 }  // namespace tessera::sim

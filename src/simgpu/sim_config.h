@@ -37,4 +37,9 @@ bool parse_machine_spec(const char* text, const char* origin, MachineSpec& spec,
 // Reads the environment (TESSERA_SIM_CONFIG, TESSERA_SIM_DEVICES) or the default.
 bool machine_spec_from_environment(MachineSpec& spec, ErrorText& error);
 
+// Fault injection for tests: TESSERA_SIM_FAIL names entry points (comma-separated) of the
+// simulated driver or NVML that fail, as a real driver's do now and then, so every caller's
+// failure path can be exercised.
+bool injected_failure(const char* entry_point);
+
 }  // namespace tessera::sim

@@ -132,23 +132,6 @@ CUresult require_initialized() {
   return driver().initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-// Fault injection for tests: TESSERA_SIM_FAIL names entry points (comma-separated) that
-// fail with CUDA_ERROR_UNKNOWN, as a real driver's do now and then, so every caller's
-// failure path can be exercised.
-bool injected_failure(const char* entry_point) {
-  const char* names = std::getenv("TESSERA_SIM_FAIL");
-  if (names == nullptr) return false;
-  const std::size_t length = std::strlen(entry_point);
-  for (const char* at = names; *at != '\0';) {
-    const char* end = std::strchr(at, ',');
-    const std::size_t size = end == nullptr ? std::strlen(at) : static_cast<std::size_t>(end - at);
-    if (size == length && std::strncmp(at, entry_point, length) == 0) return true;
-    if (end == nullptr) break;
-    at = end + 1;
-  }
-  return false;
-}
-
 CUresult require_context(Context*& context) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
   context = current_context;

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "cuda_abi/nvml_abi.h"
+#include "simgpu/sim_config.h"
 #include "simgpu/sim_machine.h"
 
 using namespace tessera::abi;
@@ -398,6 +399,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned l
   int index = 0;
   if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
   if (set == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (tessera::sim::injected_failure("nvmlDeviceRegisterEvents")) return NVML_ERROR_UNKNOWN;
   if ((types & ~kSupportedEvents) != 0) return NVML_ERROR_NOT_SUPPORTED;
   set->wanted[index] |= types;
   return NVML_SUCCESS;
