@@ -10,11 +10,13 @@
 #include <set>
 
 #include "extender/cluster_objects.h"
+#include "ledger/ledger.h"
 #include "node/allocation.h"
 #include "node/config.h"
 #include "node/health.h"
 #include "node/labels.h"
 #include "node/resources.h"
+#include "node/slices.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -694,6 +696,76 @@ TEST(NodeDeploy, TheManifestsHoldTogetherAndTheConfigMapHoldsConfigsTheAgentServ
   for (const char* needed :
        {"nodes:get", "nodes:list", "nodes:watch", "nodes:patch", "pods:list", "pods:patch"}) {
     EXPECT_EQ(granted.count(needed), 1u) << needed;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::test
+
+namespace tessera::test {
+namespace {
+
+using namespace tessera::node;
+
+// Without an API server (or a scheduler's assignment), a slice gets the config's defaults and
+// a GPU left whole gets no limits; the container's answer carries the hook, its ledger (which
+// holds the limits) and the limits in Tessera's and HAMi's variables.
+TEST(NodeSlices, WithoutAnAssignmentASliceGetsTheConfigsDefaultsAndAWholeGpuNone) {
+  ScratchDirectory scratch;
+  const Inventory four = machine(4);
+  const PluginConfig config = parse_plugin_config(
+      "sharing: {slices: {resources: [{name: nvidia.com/gpu, replicas: 4, devices: [0, 1], "
+      "coresPerSlice: 30}]}}",
+      "partly");
+  const ResourceMap map = build_resource_map(four, config);
+  const Resource& gpus = *map.find("nvidia.com/gpu");
+  SliceAllocator slices(
+      nullptr, "node",
+      {scratch.file("lib/hook.so"), scratch.file("lib/ld.so.preload"), scratch.file("containers")},
+      [](const std::string&) {});
+  slices.prepare();
+  EXPECT_EQ(read_text_file(scratch.file("lib/ld.so.preload")),
+            std::string(kContainerHookPath) + "\n");
+
+  const SliceGrant slice = slices.grant_for(four, gpus, {simulated_gpu_uuid(1) + "::2"});
+  EXPECT_EQ(slice.gpus, std::vector<int>{1});
+  EXPECT_EQ(slice.memory_bytes, std::vector<std::uint64_t>{(40960ull << 20) / 4});
+  EXPECT_EQ(slice.cores, std::vector<int>{30});
+  const SliceGrant whole = slices.grant_for(four, gpus, {simulated_gpu_uuid(3)});
+  EXPECT_EQ(whole.gpus, std::vector<int>{3});
+  EXPECT_EQ(whole.memory_bytes, std::vector<std::uint64_t>{kUnlimited});
+  EXPECT_EQ(whole.cores, std::vector<int>{0});
+  EXPECT_THROW(slices.grant_for(four, gpus, {"GPU-forged::0"}), AllocationError);
+
+  HealthBoard health(4);
+  const ContainerAllocation answer =
+      slices.allocate(four, config, gpus, {simulated_gpu_uuid(1) + "::2"}, health);
+  EXPECT_EQ(answer.envs.at("NVIDIA_VISIBLE_DEVICES"), simulated_gpu_uuid(1));
+  EXPECT_EQ(answer.envs.at("TESSERA_MEMORY_LIMIT"), "0=" + std::to_string((40960ull << 20) / 4));
+  EXPECT_EQ(answer.envs.at("CUDA_DEVICE_MEMORY_LIMIT_0"), "10240m");
+  EXPECT_EQ(answer.envs.at("TESSERA_CORE_LIMIT"), "0=30");
+  EXPECT_EQ(answer.envs.at("TESSERA_LEDGER"), kContainerLedgerFile);
+  std::map<std::string, std::pair<std::string, bool>> mounts;
+  for (const MountSpec& mount : answer.mounts)
+    mounts[mount.container_path] = {mount.host_path, mount.read_only};
+  EXPECT_EQ(mounts.at("/etc/ld.so.preload"),
+            std::make_pair(scratch.file("lib/ld.so.preload"), true));
+  EXPECT_EQ(mounts.at(kContainerHookPath), std::make_pair(scratch.file("lib/hook.so"), true));
+  const std::string directory = mounts.at(kContainerLedgerDir).first;
+  EXPECT_FALSE(mounts.at(kContainerLedgerDir).second);
+  ledger::Ledger ledger;
+  ErrorText error;
+  ASSERT_TRUE(ledger.open((directory + "/group.ledger").c_str(), error)) << error.text;
+  EXPECT_EQ(ledger.usage(0).limit, (40960ull << 20) / 4);
+  EXPECT_EQ(ledger.usage(0).cores, 30u);
+  // A slice on a failed GPU is refused with the reason.
+  health.record_error(1, "XID 79", HealthBoard::Clock::now());
+  try {
+    slices.allocate(four, config, gpus, {simulated_gpu_uuid(1) + "::3"}, health);
+    ADD_FAILURE() << "a slice on an unhealthy GPU was granted";
+  } catch (const AllocationError& refused) {
+    EXPECT_NE(std::string(refused.what()).find("is unhealthy (XID 79)"), std::string::npos)
+        << refused.what();
   }
 }
 

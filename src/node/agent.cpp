@@ -283,7 +283,12 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
   for (const std::string& name : wanted) {
     if (servers_.count(name) > 0) continue;
     auto server = make_server(name);
-    server->start();
+    try {
+      server->start();
+    } catch (const std::exception& failure) {  // the rest of the config still applies
+      say(fmt::format("{} cannot be served: {}", name, failure.what()));
+      continue;
+    }
     std::string error;
     if (!server->register_with_kubelet(error)) {
       say(error + " (retrying)");

@@ -91,18 +91,23 @@ void SliceAllocator::prepare() const {
 }
 
 SliceGrant SliceAllocator::defaults(const Inventory& inventory, const Resource& resource,
-                                    const std::vector<int>& gpus) const {
+                                    const std::vector<std::string>& ids) const {
   SliceGrant grant;
-  grant.gpus = gpus;
-  for (const int gpu : gpus) {
+  grant.gpus = requested_gpus(resource, ids);
+  // A GPU left whole (outside the config's devices) is given whole; a slice, its share.
+  const bool whole = std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
+    return resource.find(id)->replica < 0;
+  });
+  for (const int gpu : grant.gpus) {
     const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
-    grant.memory_bytes.push_back(resource.memory_per_slice != 0
+    grant.memory_bytes.push_back(whole ? kUnlimited
+                                 : resource.memory_per_slice != 0
                                      ? resource.memory_per_slice
                                      : info.memory_bytes /
                                            static_cast<std::uint64_t>(resource.replicas));
-    grant.cores.push_back(resource.cores_per_slice);
+    grant.cores.push_back(whole ? 0 : resource.cores_per_slice);
   }
-  grant.source = "the slice's defaults";
+  grant.source = whole ? "a whole GPU of the slices' resource" : "the slice's defaults";
   return grant;
 }
 
@@ -260,13 +265,13 @@ bool SliceAllocator::claim_pod(const Inventory& inventory, const Resource& resou
 
 SliceGrant SliceAllocator::grant_for(const Inventory& inventory, const Resource& resource,
                                      const std::vector<std::string>& ids) {
-  const std::vector<int> token_gpus = requested_gpus(resource, ids);
+  requested_gpus(resource, ids);  // checks the IDs before anything is claimed
   std::lock_guard<std::mutex> locked(claim_mutex_);
   SliceGrant grant;
   if (api_ != nullptr && claim_pod(inventory, resource, static_cast<int>(ids.size()), grant)) {
     return grant;
   }
-  return defaults(inventory, resource, token_gpus);
+  return defaults(inventory, resource, ids);
 }
 
 std::string SliceAllocator::make_ledger(const SliceGrant& grant) const {

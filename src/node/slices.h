@@ -74,7 +74,7 @@ class SliceAllocator {
 
  private:
   SliceGrant defaults(const Inventory& inventory, const Resource& resource,
-                      const std::vector<int>& gpus) const;
+                      const std::vector<std::string>& ids) const;
   bool claim_pod(const Inventory& inventory, const Resource& resource, int devices,
                  SliceGrant& grant);
   std::string make_ledger(const SliceGrant& grant) const;
