@@ -107,8 +107,8 @@ TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
   const double device_ms = rows[0]["device_time_ns"].get<double>() / 1e6;
   const double allowed = done.host().allowed(done.number("begin_ns"), done.number("end_ns"));
   EXPECT_LE(device_ms, 150 + 15);
-  EXPECT_GE(device_ms, 150 * allowed - 15) << "the host let the workload run " << 100 * allowed
-                                           << " % of its time";
+  EXPECT_GE(device_ms, 150 * allowed - 15)
+      << "the host let the workload run " << 100 * allowed << " % of its time";
   EXPECT_EQ(rows[0]["achieved_percent"].get<double>(), 0.0);
   const Finished bad =
       run({tessera(), "run", "--memory", "1GiB", "--cores", "101", "--", "true"}, environment);
