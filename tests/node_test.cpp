@@ -85,11 +85,17 @@ class NodeProcess {
   bool started() const { return started_; }
   std::string log() const { return read_text_file(log_); }
   // Stops it as the kubelet's SIGTERM does; its exit status.
+  // A stop that takes longer than 20 s is a hang: killed, and the test fails saying so.
   int stop() {
     if (stopped_) return status_;
     stopped_ = true;
     kill(process_->pid(), SIGTERM);
-    status_ = process_->wait();
+    status_ = process_->wait_for(std::chrono::seconds(20));
+    if (status_ < 0) {
+      ADD_FAILURE() << "tessera node did not stop within 20 s of SIGTERM\n" << log();
+      process_->kill_hard();
+      status_ = process_->wait();
+    }
     return status_;
   }
   std::string metrics() const {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <thread>
 
 extern char** environ;
 
@@ -184,6 +185,20 @@ int Running::wait() {
   waitpid(pid_, &status, 0);
   waited_ = true;
   return decode(status);
+}
+
+int Running::wait_for(std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t ended = waitpid(pid_, &status, WNOHANG);
+    if (ended == pid_) {
+      waited_ = true;
+      return decode(status);
+    }
+    if (std::chrono::steady_clock::now() >= until) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling the child's end
+  }
 }
 
 Finished Running::finish() {

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -42,8 +43,10 @@ class Running {
   std::string read_line();  // blocks until a line (or EOF: "")
   void write_line(const std::string& line);
   void close_stdin();
-  void kill_hard();   // SIGKILL
-  int wait();         // exit code, 128 + signal if killed
+  void kill_hard();  // SIGKILL
+  int wait();        // exit code, 128 + signal if killed
+  // The same, or -1 if it has not ended within `timeout`.
+  int wait_for(std::chrono::milliseconds timeout);
   Finished finish();  // reads the rest of stdout, then waits (stderr is not captured)
   pid_t pid() const { return pid_; }
 

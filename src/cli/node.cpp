@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -114,6 +116,7 @@ int node_command(const NodeOptions& options) {
 
   httplib::Server metrics;
   std::thread serving;
+  std::atomic<bool> served{false};
   if (metrics_port >= 0) {
     metrics.new_task_queue = [] { return new httplib::ThreadPool(4); };
     metrics.set_read_timeout(5, 0);
@@ -130,7 +133,10 @@ int node_command(const NodeOptions& options) {
     if (bound < 0)
       throw std::runtime_error(fmt::format("cannot listen on {}", options.metrics_listen));
     log_line(fmt::format("metrics on http://{}:{}/metrics", metrics_host, bound));
-    serving = std::thread([&metrics] { metrics.listen_after_bind(); });
+    serving = std::thread([&metrics, &served] {
+      metrics.listen_after_bind();
+      served = true;
+    });
   }
   std::fputs("tessera node: serving\n", stdout);
   std::fflush(stdout);
@@ -138,7 +144,11 @@ int node_command(const NodeOptions& options) {
   sigwait(&stop_signals, &signal);
   log_line(fmt::format("stopping ({})", strsignal(signal)));
   if (serving.joinable()) {
-    metrics.stop();
+    // A stop that comes before the server runs is lost on it (cpp-httplib): asked until it ends.
+    while (!served) {
+      metrics.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     serving.join();
   }
   node_agent.stop();
