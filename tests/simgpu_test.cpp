@@ -137,6 +137,53 @@ TEST_F(SimulatedDriver, VmmEnforcesGranularityAndLocations) {
   EXPECT_EQ(create(&handle, 4 << 20, &prop, 0), CUDA_ERROR_INVALID_DEVICE);
 }
 
+// As on an H200 (driver 580): waiting for an event recorded into a stream capture is refused
+// and breaks the capture, whose end then fails. A hook that measured captured launches with
+// events broke every CUDA graph captured under a compute share; the sim must fail it too.
+TEST_F(SimulatedDriver, WaitingForACapturedEventBreaksTheCapture) {
+  auto init = get<PFN_cuInit>("cuInit");
+  auto retain = get<CUresult (*)(CUcontext*, CUdevice)>("cuDevicePrimaryCtxRetain");
+  auto set_current = get<PFN_cuCtxSetCurrent>("cuCtxSetCurrent");
+  auto create_stream = get<PFN_cuStreamCreate>("cuStreamCreate");
+  auto create_event = get<PFN_cuEventCreate>("cuEventCreate");
+  auto record = get<PFN_cuEventRecord>("cuEventRecord");
+  auto synchronize = get<PFN_cuEventSynchronize>("cuEventSynchronize");
+  auto query = get<PFN_cuEventQuery>("cuEventQuery");
+  auto begin = get<PFN_cuStreamBeginCapture_v2>("cuStreamBeginCapture_v2");
+  auto end = get<PFN_cuStreamEndCapture>("cuStreamEndCapture");
+  auto capturing = get<PFN_cuStreamIsCapturing>("cuStreamIsCapturing");
+  ASSERT_EQ(init(0), CUDA_SUCCESS);
+  CUcontext context = nullptr;
+  ASSERT_EQ(retain(&context, 0), CUDA_SUCCESS);
+  ASSERT_EQ(set_current(context), CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  CUevent event = nullptr;
+  ASSERT_EQ(create_stream(&stream, 0), CUDA_SUCCESS);
+  ASSERT_EQ(create_event(&event, 0), CUDA_SUCCESS);
+  int status = -1;
+  for (const bool touch_event : {false, true}) {
+    ASSERT_EQ(begin(stream, 0), CUDA_SUCCESS);
+    ASSERT_EQ(capturing(stream, &status), CUDA_SUCCESS);
+    EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    ASSERT_EQ(record(event, stream), CUDA_SUCCESS);  // legal: a node of the graph
+    if (touch_event) {
+      EXPECT_EQ(synchronize(event), CUDA_ERROR_CAPTURED_EVENT);
+      ASSERT_EQ(capturing(stream, &status), CUDA_SUCCESS);
+      EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    }
+    CUgraph graph = reinterpret_cast<CUgraph>(&status);
+    EXPECT_EQ(end(stream, &graph),
+              touch_event ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
+    EXPECT_EQ(graph == nullptr, touch_event);
+    // The event stays a captured one until it is recorded outside a capture again.
+    EXPECT_EQ(query(event), CUDA_ERROR_CAPTURED_EVENT);
+    ASSERT_EQ(capturing(stream, &status), CUDA_SUCCESS);
+    EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_NONE);
+  }
+  ASSERT_EQ(record(event, stream), CUDA_SUCCESS);
+  EXPECT_EQ(synchronize(event), CUDA_SUCCESS);
+}
+
 Environment simulated(const ScratchDirectory& scratch, const Environment& extra = {}) {
   Environment settings{{"TESSERA_SIM_DEVICES", kTestDevices}};
   for (const auto& [key, value] : extra) settings[key] = value;

@@ -55,6 +55,13 @@ inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
 inline constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900;
+inline constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901;
+inline constexpr CUresult CUDA_ERROR_CAPTURED_EVENT = 907;
+
+// CUstreamCaptureStatus values.
+inline constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2;
 inline constexpr CUresult CUDA_ERROR_UNKNOWN = 999;
 
 struct CUuuid {
@@ -322,6 +329,8 @@ inline constexpr unsigned int CU_MEM_ATTACH_GLOBAL = 1;
   X(cuStreamWaitEvent, (CUstream hStream, CUevent hEvent, unsigned int flags))                   \
   X(cuStreamBeginCapture_v2, (CUstream hStream, int mode))                                       \
   X(cuStreamEndCapture, (CUstream hStream, CUgraph * phGraph))                                   \
+  X(cuStreamIsCapturing, (CUstream hStream, int* captureStatus))                                 \
+  X(cuStreamIsCapturing_ptsz, (CUstream hStream, int* captureStatus))                            \
   X(cuModuleLoadData, (CUmodule * module, const void* image))                                    \
   X(cuModuleGetFunction, (CUfunction * hfunc, CUmodule hmod, const char* name))                  \
   X(cuModuleUnload, (CUmodule hmod))                                                             \

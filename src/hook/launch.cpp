@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string_view>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -150,11 +151,24 @@ std::uint64_t yield_to_high_priority(Hook& state, int device) {
   return lead < kLeadNs ? lead : kLeadNs;
 }
 
+// Whether the launch goes into a graph being captured rather than onto the device. Such a
+// launch takes no device time now (the graph's launch is paced), and must not be measured:
+// waiting for an event recorded into a capture breaks the capture
+// (CUDA_ERROR_CAPTURED_EVENT, then CUDA_ERROR_STREAM_CAPTURE_INVALIDATED at its end).
+bool captured(Hook& state, CUstream stream, bool per_thread) {
+  int status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const auto query =
+      per_thread ? state.real.cuStreamIsCapturing_ptsz : state.real.cuStreamIsCapturing;
+  return query != nullptr && query(stream, &status) == CUDA_SUCCESS &&
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 template <typename Launch>
-CUresult governed(std::uint64_t key, CUstream stream, Launch launch) {
+CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch launch) {
   Hook& state = hook();
   const int device = current_device();
   if (device < 0 || device >= kMaxDevices) return launch();
+  if (captured(state, stream, per_thread)) return launch();
   const std::uint32_t share = state.ledger.effective_cores(device);
   if (share == 0 && state.priority == Priority::none) return launch();
   ComputeState& shared = compute();
@@ -235,7 +249,8 @@ std::uint64_t kernel_key(CUfunction f, unsigned x, unsigned y, unsigned z) {
   HOOK_EXPORT CUresult name params {                                                   \
     HOOK_ENTER();                                                                      \
     if (__builtin_expect(!state.compute_limited, 1)) return state.real.name arguments; \
-    return governed(key, stream, [&] { return state.real.name arguments; });           \
+    return governed(key, stream, std::string_view(#name).ends_with("_ptsz"),           \
+                    [&] { return state.real.name arguments; });                        \
   }
 
 GOVERNED_LAUNCH(cuLaunchKernel,

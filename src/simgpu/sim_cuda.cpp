@@ -492,6 +492,64 @@ Stream* stream_of(CUstream handle, Context* context) {
   return reinterpret_cast<Stream*>(handle);
 }
 
+// Stream captures in progress in this process, by number: a call the driver forbids during a
+// capture invalidates it, and its end then fails, as CUDA's does.
+struct ActiveCaptures {
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  std::uint64_t next = 0;
+  Graph* graphs[64] = {};
+};
+ActiveCaptures captures_in_progress;  // constant-initialised, trivially destroyed
+ActiveCaptures& active_captures() {
+  return captures_in_progress;
+}
+
+// Registers a capture; false when too many are in progress.
+bool begin_capture(Graph* graph) {
+  ActiveCaptures& captures = active_captures();
+  pthread_mutex_lock(&captures.lock);
+  bool placed = false;
+  for (Graph*& slot : captures.graphs) {
+    if (slot == nullptr) {
+      graph->capture_sequence = ++captures.next;
+      slot = graph;
+      placed = true;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&captures.lock);
+  return placed;
+}
+
+void end_capture(Graph* graph) {
+  ActiveCaptures& captures = active_captures();
+  pthread_mutex_lock(&captures.lock);
+  for (Graph*& slot : captures.graphs) {
+    if (slot == graph) slot = nullptr;
+  }
+  pthread_mutex_unlock(&captures.lock);
+}
+
+// The capture numbered `sequence`, if still in progress, is invalidated.
+void invalidate_capture(std::uint64_t sequence) {
+  ActiveCaptures& captures = active_captures();
+  pthread_mutex_lock(&captures.lock);
+  for (Graph* graph : captures.graphs) {
+    if (graph != nullptr && graph->capture_sequence == sequence) {
+      __atomic_store_n(&graph->invalidated, true, __ATOMIC_RELAXED);
+    }
+  }
+  pthread_mutex_unlock(&captures.lock);
+}
+
+// Waiting for, querying or timing an event recorded into a capture is refused and breaks the
+// capture (CUDA_ERROR_CAPTURED_EVENT); success otherwise.
+CUresult refuse_captured_event(const Event* event) {
+  if (event->captured_sequence == 0) return CUDA_SUCCESS;
+  invalidate_capture(event->captured_sequence);
+  return CUDA_ERROR_CAPTURED_EVENT;
+}
+
 bool append_to_graph(Graph* graph, std::uint64_t duration_ns) {
   if (graph->count == graph->capacity) {
     const int capacity = graph->capacity == 0 ? 16 : graph->capacity * 2;
@@ -560,7 +618,10 @@ CUresult synchronize_stream(CUstream handle) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   Stream* stream = stream_of(handle, context);
-  if (stream->capture != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (stream->capture != nullptr) {
+    __atomic_store_n(&stream->capture->invalidated, true, __ATOMIC_RELAXED);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   machine().wait(context->device, stream->last_ticket);
   release_pools_on_sync();
   return CUDA_SUCCESS;
@@ -1144,17 +1205,48 @@ SIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream handle, int) {
   Stream* stream = stream_of(handle, context);
   if (stream == &context->default_stream) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (stream->capture != nullptr) return CUDA_ERROR_INVALID_VALUE;
-  stream->capture = static_cast<Graph*>(std::calloc(1, sizeof(Graph)));
-  return stream->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  auto* graph = static_cast<Graph*>(std::calloc(1, sizeof(Graph)));
+  if (graph == nullptr || !begin_capture(graph)) {
+    std::free(graph);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  stream->capture = graph;
+  return CUDA_SUCCESS;
 }
 SIM_EXPORT CUresult cuStreamEndCapture(CUstream handle, CUgraph* graph) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   Stream* stream = stream_of(handle, context);
   if (graph == nullptr || stream->capture == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *graph = reinterpret_cast<CUgraph>(stream->capture);
+  Graph* captured = stream->capture;
   stream->capture = nullptr;
+  end_capture(captured);
+  if (__atomic_load_n(&captured->invalidated, __ATOMIC_RELAXED)) {
+    std::free(captured->durations);
+    std::free(captured);
+    *graph = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  captured->capture_sequence = 0;
+  *graph = reinterpret_cast<CUgraph>(captured);
   return CUDA_SUCCESS;
+}
+CUresult capture_status(CUstream handle, int* status) {
+  Context* context = nullptr;
+  if (CUresult result = require_context(context); result != CUDA_SUCCESS) return result;
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const Graph* capture = stream_of(handle, context)->capture;
+  *status = capture == nullptr ? CU_STREAM_CAPTURE_STATUS_NONE
+            : __atomic_load_n(&capture->invalidated, __ATOMIC_RELAXED)
+                ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return CUDA_SUCCESS;
+}
+SIM_EXPORT CUresult cuStreamIsCapturing(CUstream handle, int* status) {
+  return capture_status(handle, status);
+}
+SIM_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream handle, int* status) {
+  return capture_status(handle, status);
 }
 SIM_EXPORT CUresult cuEventCreate(CUevent* handle, unsigned int) {
   Context* context = nullptr;
@@ -1171,16 +1263,23 @@ SIM_EXPORT CUresult cuEventRecord(CUevent handle, CUstream handle_stream) {
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   auto* event = reinterpret_cast<Event*>(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Stream* stream = stream_of(handle_stream, context);
   event->device = context->device;
-  event->recorded_ns = monotonic_ns();
-  event->ticket = queue_on_device(stream_of(handle_stream, context), 0);
   event->recorded = true;
+  if (stream->capture != nullptr) {  // a node of the graph being captured
+    event->captured_sequence = stream->capture->capture_sequence;
+    return CUDA_SUCCESS;
+  }
+  event->captured_sequence = 0;
+  event->recorded_ns = monotonic_ns();
+  event->ticket = queue_on_device(stream, 0);
   return CUDA_SUCCESS;
 }
 SIM_EXPORT CUresult cuEventQuery(CUevent handle) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
   auto* event = reinterpret_cast<Event*>(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult refused = refuse_captured_event(event); refused != CUDA_SUCCESS) return refused;
   if (!event->recorded) return CUDA_SUCCESS;
   return machine().done(event->device, event->ticket, nullptr) ? CUDA_SUCCESS
                                                                : CUDA_ERROR_NOT_READY;
@@ -1189,6 +1288,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent handle) {
   if (CUresult status = require_initialized(); status != CUDA_SUCCESS) return status;
   auto* event = reinterpret_cast<Event*>(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult refused = refuse_captured_event(event); refused != CUDA_SUCCESS) return refused;
   if (event->recorded) machine().wait(event->device, event->ticket);
   release_pools_on_sync();
   return CUDA_SUCCESS;
@@ -1201,6 +1301,9 @@ SIM_EXPORT CUresult cuEventElapsedTime(float* milliseconds, CUevent start, CUeve
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (!first->recorded || !second->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  for (const Event* event : {first, second}) {
+    if (CUresult refused = refuse_captured_event(event); refused != CUDA_SUCCESS) return refused;
+  }
   std::uint64_t times[2];
   for (int i = 0; i < 2; ++i) {
     const Event* event = i == 0 ? first : second;
@@ -1572,6 +1675,12 @@ constexpr ErrorName kErrors[] = {
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_CAPTURED_EVENT, "CUDA_ERROR_CAPTURED_EVENT",
+     "operation not permitted on an event last recorded in a capturing stream"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 const ErrorName* find_error(CUresult code) {

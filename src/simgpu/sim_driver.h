@@ -41,6 +41,8 @@ struct Graph {
   std::uint64_t* durations;
   int count;
   int capacity;
+  std::uint64_t capture_sequence;  // while it is being captured: that capture's number
+  bool invalidated;                // an illegal call during its capture (atomic access)
 };
 
 // A marker of no duration the device reaches in its process's turn (`ticket`).
@@ -49,6 +51,9 @@ struct Event {
   std::uint64_t ticket;
   std::uint64_t recorded_ns;
   bool recorded;
+  // Non-zero: last recorded into that stream capture, where it is a node of the graph, not a
+  // marker on the device; the driver refuses to wait for or time it (CUDA_ERROR_CAPTURED_EVENT).
+  std::uint64_t captured_sequence;
 };
 
 struct Pool {
