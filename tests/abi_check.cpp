@@ -160,6 +160,8 @@ TEST(AbiCheck, EntryPointsMatchNvidiasTypedefs) {
   SIGNATURE(cuStreamWaitEvent, PFN_cuStreamWaitEvent_v3020);
   SIGNATURE(cuStreamBeginCapture_v2, PFN_cuStreamBeginCapture_v10010);
   SIGNATURE(cuStreamEndCapture, PFN_cuStreamEndCapture_v10000);
+  SIGNATURE(cuStreamIsCapturing, PFN_cuStreamIsCapturing_v10000);
+  SIGNATURE(cuStreamIsCapturing_ptsz, PFN_cuStreamIsCapturing_v10000_ptsz);
   SIGNATURE(cuModuleLoadData, PFN_cuModuleLoadData_v2000);
   SIGNATURE(cuModuleGetFunction, PFN_cuModuleGetFunction_v2000);
   SIGNATURE(cuModuleUnload, PFN_cuModuleUnload_v2000);
@@ -208,6 +210,11 @@ TEST(AbiCheck, StructLayoutsMatch) {
 
 TEST(AbiCheck, ConstantsMatch) {
   EXPECT_EQ(t::CUDA_ERROR_INVALID_VALUE, ::CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(t::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(t::CUDA_ERROR_CAPTURED_EVENT, ::CUDA_ERROR_CAPTURED_EVENT);
+  EXPECT_EQ(t::CU_STREAM_CAPTURE_STATUS_NONE, ::CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT_EQ(t::CU_STREAM_CAPTURE_STATUS_ACTIVE, ::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(t::CU_STREAM_CAPTURE_STATUS_INVALIDATED, ::CU_STREAM_CAPTURE_STATUS_INVALIDATED);
   EXPECT_EQ(t::CUDA_ERROR_OUT_OF_MEMORY, ::CUDA_ERROR_OUT_OF_MEMORY);
   EXPECT_EQ(t::CUDA_ERROR_NOT_INITIALIZED, ::CUDA_ERROR_NOT_INITIALIZED);
   EXPECT_EQ(t::CUDA_ERROR_NO_DEVICE, ::CUDA_ERROR_NO_DEVICE);
@@ -280,6 +287,7 @@ constexpr unsigned long long kOurXid = t::nvmlEventTypeXidCriticalError;
 constexpr unsigned long long kOurDoubleBit = t::nvmlEventTypeDoubleBitEccError;
 constexpr unsigned long long kOurSingleBit = t::nvmlEventTypeSingleBitEccError;
 constexpr unsigned kOurMigEnable = t::NVML_DEVICE_MIG_ENABLE;
+constexpr unsigned kOurProfileInfoV2 = t::nvmlGpuInstanceProfileInfo_v2;
 }  // namespace
 #include <nvml.h>
 namespace {
@@ -328,6 +336,16 @@ TEST(AbiCheck, NvmlEntryPointsStructsAndConstantsMatchNvidias) {
   EXPECT_EQ(t::NVML_ERROR_GPU_IS_LOST, ::NVML_ERROR_GPU_IS_LOST);
   EXPECT_EQ(t::NVML_ERROR_NOT_FOUND, ::NVML_ERROR_NOT_FOUND);
   EXPECT_EQ(kOurMigEnable, static_cast<unsigned>(NVML_DEVICE_MIG_ENABLE));
+  NVML_SIGNATURE(nvmlDeviceGetGpuInstanceProfileInfoV, nvmlDeviceGetGpuInstanceProfileInfoV);
+  NVML_SIGNATURE(nvmlDeviceGetGpuInstancePossiblePlacements_v2,
+                 nvmlDeviceGetGpuInstancePossiblePlacements_v2);
+  EXPECT_EQ(sizeof(t::nvmlGpuInstanceProfileInfo_v2_t), sizeof(::nvmlGpuInstanceProfileInfo_v2_t));
+  EXPECT_EQ(offsetof(t::nvmlGpuInstanceProfileInfo_v2_t, memorySizeMB),
+            offsetof(::nvmlGpuInstanceProfileInfo_v2_t, memorySizeMB));
+  EXPECT_EQ(offsetof(t::nvmlGpuInstanceProfileInfo_v2_t, name),
+            offsetof(::nvmlGpuInstanceProfileInfo_v2_t, name));
+  EXPECT_EQ(kOurProfileInfoV2, static_cast<unsigned>(nvmlGpuInstanceProfileInfo_v2));
+  EXPECT_EQ(sizeof(t::nvmlGpuInstancePlacement_t), sizeof(::nvmlGpuInstancePlacement_t));
 }
 #endif
 

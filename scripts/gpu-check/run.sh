@@ -28,7 +28,14 @@ g++ -std=c++20 -O2 -fPIC -shared -I"$repo/src" -fno-exceptions -fno-rtti -fno-th
   "$repo"/src/common/{units,limits,priority,log,shared_file,member_accounts}.cpp \
   -o "$work/libtessera-cuda.so" -ldl -lpthread || { echo "hook build failed"; exit 1; }
 hook="$work/libtessera-cuda.so"
-# The test suite builds the hook this way too (GPU_CHECK_BUILD_ONLY=1), so this line stays true.
+# The node agent's NVML reading and the MIG catalog probe; fmt header-only, so the machine
+# needs its headers alone (FMT_INCLUDE names a folder that holds fmt/ where it is not installed).
+g++ -std=c++20 -O2 -DFMT_HEADER_ONLY -I"$repo/src" ${FMT_INCLUDE:+-I"$FMT_INCLUDE"} \
+  "$repo"/src/node/nvml.cpp "$repo"/src/mig/{catalog,nvml_catalog}.cpp \
+  "$repo/scripts/gpu-check/nvml_probe.cpp" -o "$work/nvml_probe" -ldl ||
+  { echo "nvml_probe build failed"; exit 1; }
+# The test suite builds the hook and the probe this way too (GPU_CHECK_BUILD_ONLY=1), so these
+# lines stay true.
 [ "${GPU_CHECK_BUILD_ONLY:-0}" = 1 ] && { echo "hook built"; rm -rf "$work"; exit 0; }
 
 echo "== Building the CUDA programs"
@@ -42,6 +49,15 @@ if command -v nvcc >/dev/null; then
   nvcc -O2 -o "$work/compute_share" "$repo/scripts/gpu-check/compute_share.cu"
 else
   echo "nvcc not found: runtime-API programs skipped"
+fi
+
+echo "== NVML as the node agent reads it, and the MIG catalog (read-only)"
+probe=""
+if [ -x "$work/nvml_probe" ]; then
+  probe=$("$work/nvml_probe" 2>&1)
+  echo "$probe"
+  nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,memory.total,compute_cap --format=csv,noheader 2>&1 |
+    sed 's/^/  nvidia-smi: /'
 fi
 
 limited() { env LD_PRELOAD="$hook" TESSERA_MEMORY_LIMIT="$quota" "$@"; }
@@ -157,6 +173,13 @@ fi
     echo "| compute | share asked (%) | achieved (%) |"
     echo "|---|---|---|"
     printf '%s\n' "${shares[@]}"
+  fi
+  if [ -n "$probe" ]; then
+    echo
+    echo "NVML probe (tessera node's inventory and the MIG catalog):"
+    echo '```'
+    echo "$probe"
+    echo '```'
   fi
   if [ -n "$priority_row" ]; then
     echo

@@ -33,7 +33,6 @@ int devices_command(const DevicesOptions& options) {
                       {"memory_total", gpu.memory_bytes},
                       {"memory_used", gpu.memory_used},
                       {"compute_capability", fmt::format("{}.{}", gpu.cc_major, gpu.cc_minor)},
-                      {"sms", gpu.sm_count},
                       {"pci_bus_id", gpu.pci_bus_id},
                       {"numa_node", gpu.numa_node},
                       {"mig", mig(gpu)},
@@ -45,12 +44,12 @@ int devices_command(const DevicesOptions& options) {
   fmt::print("{} GPU(s), {}, driver {}, CUDA {}.{}\n", inventory.gpus.size(),
              simulated ? "simulated (no NVIDIA driver found)" : "NVIDIA driver",
              inventory.driver_version, inventory.cuda_major, inventory.cuda_minor);
-  fmt::print("{:<6}{:<28}{:<44}{:>12}{:>12}{:>5}{:>5}{:>18}{:>5}{:>5}\n", "INDEX", "NAME", "UUID",
-             "MEMORY", "USED", "CC", "SMS", "PCI", "NUMA", "MIG");
+  fmt::print("{:<6}{:<28}{:<44}{:>12}{:>12}{:>5}{:>18}{:>5}{:>5}\n", "INDEX", "NAME", "UUID",
+             "MEMORY", "USED", "CC", "PCI", "NUMA", "MIG");
   for (const node::GpuInfo& gpu : inventory.gpus) {
-    fmt::print("{:<6}{:<28}{:<44}{:>12}{:>12}{:>5}{:>5}{:>18}{:>5}{:>5}\n", gpu.index, gpu.name,
+    fmt::print("{:<6}{:<28}{:<44}{:>12}{:>12}{:>5}{:>18}{:>5}{:>5}\n", gpu.index, gpu.name,
                gpu.uuid, human_size(gpu.memory_bytes), human_size(gpu.memory_used),
-               fmt::format("{}.{}", gpu.cc_major, gpu.cc_minor), gpu.sm_count, gpu.pci_bus_id,
+               fmt::format("{}.{}", gpu.cc_major, gpu.cc_minor), gpu.pci_bus_id,
                gpu.numa_node < 0 ? std::string("-") : std::to_string(gpu.numa_node), mig(gpu));
   }
   return 0;

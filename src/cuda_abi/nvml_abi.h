@@ -97,6 +97,31 @@ inline constexpr unsigned long long nvmlEventTypePState = 0x4;
 inline constexpr unsigned long long nvmlEventTypeXidCriticalError = 0x8;
 inline constexpr unsigned long long nvmlEventTypeClock = 0x10;
 
+// MIG: a GPU instance profile as nvmlDeviceGetGpuInstanceProfileInfoV reports it, and the
+// places in memory slices where an instance of it may start.
+struct nvmlGpuInstanceProfileInfo_v2_t {
+  unsigned int version;
+  unsigned int id;  // the profile ID (19 for 1g.10gb), which the other MIG calls take
+  unsigned int isP2pSupported;
+  unsigned int sliceCount;  // compute slices
+  unsigned int instanceCount;
+  unsigned int multiprocessorCount;
+  unsigned int copyEngineCount;
+  unsigned int decoderCount;
+  unsigned int encoderCount;
+  unsigned int jpegCount;
+  unsigned int ofaCount;
+  unsigned long long memorySizeMB;
+  char name[96];  // "MIG 1g.10gb"
+};
+// NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2): sizeof | 2 << 24.
+inline constexpr unsigned int nvmlGpuInstanceProfileInfo_v2 = 0x02000098;
+static_assert(sizeof(nvmlGpuInstanceProfileInfo_v2_t) == 0x98);
+struct nvmlGpuInstancePlacement_t {
+  unsigned int start;
+  unsigned int size;
+};
+
 inline constexpr unsigned int NVML_DEVICE_MIG_DISABLE = 0;
 inline constexpr unsigned int NVML_DEVICE_MIG_ENABLE = 1;
 
@@ -136,7 +161,12 @@ inline constexpr int NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
   X(nvmlDeviceRegisterEvents,                                                                  \
     (nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set))                  \
   X(nvmlEventSetWait_v2, (nvmlEventSet_t set, nvmlEventData_t * data, unsigned int timeoutms)) \
-  X(nvmlEventSetFree, (nvmlEventSet_t set))
+  X(nvmlEventSetFree, (nvmlEventSet_t set))                                                    \
+  X(nvmlDeviceGetGpuInstanceProfileInfoV,                                                      \
+    (nvmlDevice_t device, unsigned int profile, nvmlGpuInstanceProfileInfo_v2_t* info))        \
+  X(nvmlDeviceGetGpuInstancePossiblePlacements_v2,                                             \
+    (nvmlDevice_t device, unsigned int profileId, nvmlGpuInstancePlacement_t* placements,      \
+     unsigned int* count))
 
 #define TESSERA_DECLARE_NVML_PFN(name, params) using PFN_##name = nvmlReturn_t(*) params;
 TESSERA_NVML_HOOKED(TESSERA_DECLARE_NVML_PFN)

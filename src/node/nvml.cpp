@@ -125,11 +125,6 @@ Inventory read_inventory(Nvml& nvml) {
         nvml.nvmlDeviceGetPciInfo_v3(device, &pci) == NVML_SUCCESS) {
       gpu.pci_bus_id = std::string(pci.busId, strnlen(pci.busId, sizeof pci.busId));
     }
-    nvmlDeviceAttributes_t attributes{};
-    if (nvml.nvmlDeviceGetAttributes_v2 != nullptr &&
-        nvml.nvmlDeviceGetAttributes_v2(device, &attributes) == NVML_SUCCESS) {
-      gpu.sm_count = static_cast<int>(attributes.multiprocessorCount);
-    }
     unsigned numa = 0;
     if (nvml.nvmlDeviceGetNumaNodeId != nullptr &&
         nvml.nvmlDeviceGetNumaNodeId(device, &numa) == NVML_SUCCESS) {

@@ -47,7 +47,6 @@ struct GpuInfo {
   std::uint64_t memory_bytes = 0;
   std::uint64_t memory_used = 0;  // when the inventory was read
   int cc_major = 0, cc_minor = 0;
-  int sm_count = 0;    // 0: NVML does not say
   int numa_node = -1;  // -1: none reported
   bool mig_capable = false;
   bool mig_enabled = false;

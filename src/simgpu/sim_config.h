@@ -14,6 +14,13 @@
 
 namespace tessera::sim {
 
+// The MIG profile tables the simulated GPU has (sim_nvml.cpp), one per GPU model.
+inline constexpr int kMigA100_40 = 0;
+inline constexpr int kMigA100_80 = 1;
+inline constexpr int kMigH100 = 2;
+inline constexpr int kMigH200 = 3;
+inline constexpr int kMigA30 = 4;
+
 struct DeviceSpec {
   char name[96];
   char uuid[48];  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
@@ -23,7 +30,8 @@ struct DeviceSpec {
   int sm_count;
   int cc_major;
   int cc_minor;
-  int numa_node;  // -1: not reported
+  int numa_node;   // -1: not reported
+  int mig_family;  // which of the simulated GPU's MIG profile tables it has; -1: no MIG
 };
 
 struct MachineSpec {

@@ -16,7 +16,8 @@ namespace tessera::sim {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'S', 'I', 'M', 'G'};
-constexpr std::uint32_t kVersion = 4;  // 2: time-sliced schedules; 3: slot bound; 4: events
+constexpr std::uint32_t kVersion = 5;  // 2: time-sliced schedules; 3: slot bound; 4: events;
+                                       // 5: MIG profiles per device
 // A waiter looks again no sooner than this: its work may end any moment, but not every
 // microsecond is worth the schedule's lock.
 constexpr std::uint64_t kShortestWaitNs = 20'000;

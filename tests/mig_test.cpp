@@ -1,0 +1,376 @@
+// MIG: the built-in profile catalog against the simulated GPU's own tables (read through
+// NVML, as on a real GPU), the planner against a brute-force search of every layout each
+// model allows, reconciliation, and mig-parted's config format with its messages.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+
+#include "mig/catalog.h"
+#include "mig/nvml_catalog.h"
+#include "mig/parted_config.h"
+#include "mig/planner.h"
+#include "node/nvml.h"
+#include "support.h"
+
+namespace tessera::test {
+namespace {
+
+using namespace tessera::mig;
+
+const GpuModel& model(const std::string& key) {
+  const GpuModel* found = find_model(key);
+  EXPECT_NE(found, nullptr) << key;
+  return *found;
+}
+
+TEST(MigCatalog, EveryModelAgreesWithWhatTheSimulatedGpuReportsThroughNvml) {
+  ScratchDirectory scratch;
+  setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
+  setenv("TESSERA_SIM_DEVICES", "H100;H200;A100;A100-80GB;A30;T4", 1);
+  node::Nvml nvml(build_path("sim/libnvidia-ml.so.1"));
+  const node::Inventory inventory = node::read_inventory(nvml);
+  ASSERT_EQ(inventory.gpus.size(), 6u);
+  for (const node::GpuInfo& gpu : inventory.gpus) {
+    abi::nvmlDevice_t device = nullptr;
+    ASSERT_EQ(nvml.nvmlDeviceGetHandleByIndex_v2(gpu.index, &device), abi::NVML_SUCCESS);
+    const NvmlCatalog reported = read_nvml_catalog(
+        {nvml.nvmlDeviceGetGpuInstanceProfileInfoV,
+         nvml.nvmlDeviceGetGpuInstancePossiblePlacements_v2},
+        device, gpu.name, [&](abi::nvmlReturn_t status) { return nvml.error_text(status); });
+    const GpuModel* builtin = find_model(gpu.name);
+    if (gpu.name == "Tesla T4") {  // no MIG: no profiles, and a note that says so
+      EXPECT_EQ(builtin, nullptr);
+      EXPECT_TRUE(reported.model.profiles.empty());
+      ASSERT_EQ(reported.notes.size(), 1u);
+      EXPECT_NE(reported.notes[0].find("Not Supported"), std::string::npos) << reported.notes[0];
+      continue;
+    }
+    ASSERT_NE(builtin, nullptr) << gpu.name;
+    EXPECT_TRUE(reported.notes.empty()) << reported.notes[0];
+    EXPECT_EQ(reported.model.memory_slices, builtin->memory_slices) << gpu.name;
+    EXPECT_EQ(reported.model.compute_slices, builtin->compute_slices) << gpu.name;
+    const std::vector<std::string> differences = catalog_differences(*builtin, reported.model);
+    EXPECT_TRUE(differences.empty()) << gpu.name << ": " << differences.front();
+  }
+}
+
+TEST(MigCatalog, ADifferenceIsNamedByProfileAndField) {
+  GpuModel changed = model("H200");
+  changed.profiles[0].memory_mib += 512;
+  changed.profiles[1].starts = {0};
+  changed.profiles.pop_back();
+  const std::vector<std::string> differences = catalog_differences(model("H200"), changed);
+  ASSERT_EQ(differences.size(), 3u);
+  EXPECT_EQ(differences[0], "1g.18gb: memory MiB 16384 here, 16896 reported");
+  EXPECT_EQ(differences[1], "1g.18gb+me: starts {0,1,2,3,4,5,6} here, {0} reported");
+  EXPECT_EQ(differences[2], "7g.141gb: not reported");
+}
+
+TEST(MigCatalog, ModelsAreFoundByNvmlNameOrKeyAndResourceNamesHaveNoPlus) {
+  EXPECT_EQ(find_model("NVIDIA A100-SXM4-80GB")->key, "A100-80GB");
+  EXPECT_EQ(find_model("nvidia h200")->key, "H200");
+  EXPECT_EQ(find_model("A30")->memory_slices, 4);
+  EXPECT_EQ(find_model("Tesla T4"), nullptr);
+  EXPECT_EQ(resource_profile_name("1g.10gb+me"), "1g.10gb.me");
+  EXPECT_EQ(resource_profile_name("3g.40gb"), "3g.40gb");
+}
+
+// Every layout a model allows, by brute force: instances added in (profile, start) order.
+std::set<ProfileCounts> every_layout(const GpuModel& gpu) {
+  std::set<ProfileCounts> found;
+  std::vector<Instance> all;
+  for (const Profile& profile : gpu.profiles) {
+    for (const int start : profile.starts) all.push_back({&profile, start});
+  }
+  Layout layout;
+  std::function<void(std::size_t)> grow = [&](std::size_t from) {
+    found.insert(counts_of(layout));
+    for (std::size_t i = from; i < all.size(); ++i) {
+      layout.push_back(all[i]);
+      if (legal(gpu, layout)) grow(i + 1);
+      layout.pop_back();
+    }
+  };
+  grow(0);
+  return found;
+}
+
+TEST(MigPlanner, PlacesEveryMultisetThatSomeLayoutHoldsAndNoOther) {
+  for (const GpuModel& gpu : builtin_catalog()) {
+    const std::set<ProfileCounts> possible = every_layout(gpu);
+    ASSERT_GT(possible.size(), 10u) << gpu.key;
+    // Every multiset of up to `most` of each profile (one more of the 1g, beyond what fits).
+    std::vector<int> counts(gpu.profiles.size(), 0);
+    int checked = 0, placed = 0;
+    std::function<void(std::size_t)> each = [&](std::size_t at) {
+      if (at == gpu.profiles.size()) {
+        ProfileCounts wanted;
+        for (std::size_t i = 0; i < counts.size(); ++i) {
+          if (counts[i] > 0) wanted[gpu.profiles[i].name] = counts[i];
+        }
+        const Plan plan = place(gpu, wanted);
+        ++checked;
+        EXPECT_EQ(plan.found, possible.count(wanted) > 0) << gpu.key << " " << plan.why;
+        if (plan.found) {
+          ++placed;
+          std::string why;
+          EXPECT_TRUE(legal(gpu, plan.layout, &why)) << gpu.key << ": " << why;
+          EXPECT_EQ(counts_of(plan.layout), wanted);
+        } else {
+          EXPECT_FALSE(plan.why.empty());
+          for (const ProfileCounts& nearest : plan.nearest) {
+            EXPECT_TRUE(possible.count(nearest) > 0) << gpu.key;
+          }
+        }
+      } else {
+        for (int n = 0; n <= gpu.profiles[at].most + (at == 0 ? 1 : 0); ++n) {
+          counts[at] = n;
+          each(at + 1);
+        }
+        counts[at] = 0;
+      }
+    };
+    each(0);
+    EXPECT_EQ(static_cast<std::size_t>(placed), possible.size()) << gpu.key;
+    EXPECT_GT(checked, placed) << gpu.key;
+  }
+}
+
+TEST(MigPlanner, RefusalsSayWhyAndNameTheNearestLayoutsThatFit) {
+  const GpuModel& a100 = model("A100-80GB");
+  // A 4g and a 3g take all eight memory slices: no room for a 1g beside them.
+  Plan plan = place(a100, {{"4g.40gb", 1}, {"3g.40gb", 1}, {"1g.10gb", 1}});
+  ASSERT_FALSE(plan.found);
+  EXPECT_NE(plan.why.find("they take 9 memory slices; A100-80GB has 8"), std::string::npos)
+      << plan.why;
+  ASSERT_FALSE(plan.nearest.empty());
+  EXPECT_NE(std::find(plan.nearest.begin(), plan.nearest.end(),
+                      ProfileCounts{{"4g.40gb", 1}, {"3g.40gb", 1}}),
+            plan.nearest.end());
+  // Slices enough, placements not: 2g x3 take slices 0-5, leaving 6-7 where no 2g may start.
+  plan = place(a100, {{"2g.20gb", 3}, {"1g.20gb", 1}});
+  EXPECT_TRUE(plan.found) << plan.why;  // the 1g.20gb may start at 6
+  plan = place(a100, {{"3g.40gb", 1}, {"2g.20gb", 3}});
+  ASSERT_FALSE(plan.found);
+  EXPECT_NE(plan.why.find("memory slices"), std::string::npos) << plan.why;
+  plan = place(a100, {{"9g.90gb", 1}});
+  ASSERT_FALSE(plan.found);
+  EXPECT_NE(plan.why.find("9g.90gb is not a MIG profile of A100-80GB (its profiles: 1g.10gb"),
+            std::string::npos)
+      << plan.why;
+  plan = place(a100, {{"1g.10gb+me", 2}});
+  ASSERT_FALSE(plan.found);
+  EXPECT_NE(plan.why.find("holds at most 1 1g.10gb+me"), std::string::npos) << plan.why;
+}
+
+// The seeds show nvidia-smi mig -cgi 9 then 14,14 on an A100-80GB leaving the 3g at 0:4 and the
+// 2g at 4:2 and 6:2. No 2g may start at slice 6 (NVML's placements for 2g are {0,2,4}, on an
+// H200 too), so that layout cannot exist: the planner puts the 3g on the right half instead.
+TEST(MigPlanner, ThreeGAndTwoTwoGFitOnlyWithTheThreeGOnTheRightHalf) {
+  const GpuModel& a100 = model("A100-80GB");
+  const Profile* three = a100.profile_named("3g.40gb");
+  const Profile* two = a100.profile_named("2g.20gb");
+  std::string why;
+  EXPECT_FALSE(legal(a100, {{three, 0}, {two, 4}, {two, 6}}, &why));
+  EXPECT_EQ(why, "2g.20gb cannot start at slice 6 (it starts at {0,2,4})");
+  const Plan plan = place(a100, {{"3g.40gb", 1}, {"2g.20gb", 2}});
+  ASSERT_TRUE(plan.found) << plan.why;
+  std::vector<std::pair<std::string, int>> placed;
+  for (const Instance& instance : plan.layout) {
+    placed.emplace_back(instance.profile->name, instance.start);
+  }
+  std::sort(placed.begin(), placed.end());
+  EXPECT_EQ(placed, (std::vector<std::pair<std::string, int>>{
+                        {"2g.20gb", 0}, {"2g.20gb", 2}, {"3g.40gb", 4}}));
+  EXPECT_EQ(
+      picture(a100, plan.layout),
+      "|2g.20gb              |2g.20gb              |3g.40gb                                    |");
+  EXPECT_TRUE(place(a100, {{"1g.10gb", 7}}).found);
+  EXPECT_TRUE(place(a100, {{"7g.80gb", 1}}).found);
+  EXPECT_EQ(picture(a100, {}).find("free"), 1u);
+}
+
+TEST(MigPlanner, ReconcileKeepsWhatItCanAndNeverDestroysAnInstanceInUseUnlessForced) {
+  const GpuModel& h100 = model("H100-80GB");
+  const Profile* one = h100.profile_named("1g.10gb");
+  const Profile* three = h100.profile_named("3g.40gb");
+  // Now: 3g at 0 (in use), 1g at 4 and 5. Wanted: 3g, 2g, 1g.20gb: the 3g stays, the 1g go,
+  // the 2g goes to 4 and the 1g.20gb to 6.
+  std::vector<Existing> current = {
+      {{three, 0}, 1, true}, {{one, 4}, 2, false}, {{one, 5}, 3, false}};
+  Reconciliation result =
+      reconcile(h100, current, {{"3g.40gb", 1}, {"2g.20gb", 1}, {"1g.20gb", 1}}, false);
+  ASSERT_TRUE(result.ok) << result.why;
+  int destroys = 0, creates = 0;
+  for (const Step& step : result.steps) {
+    if (step.kind == Step::Kind::destroy) {
+      ++destroys;
+      EXPECT_NE(step.id, 1u);  // the 3g in use stays
+    } else {
+      ++creates;
+      EXPECT_NE(step.instance.profile, three);
+    }
+  }
+  EXPECT_EQ(destroys, 2);
+  EXPECT_EQ(creates, 2);
+  EXPECT_TRUE(legal(h100, result.result));
+  EXPECT_EQ(counts_of(result.result),
+            (ProfileCounts{{"1g.20gb", 1}, {"2g.20gb", 1}, {"3g.40gb", 1}}));
+  // Room beside all three: one create, nothing destroyed.
+  result = reconcile(h100, current, {{"3g.40gb", 1}, {"1g.10gb", 2}, {"1g.20gb", 1}}, false);
+  ASSERT_TRUE(result.ok) << result.why;
+  ASSERT_EQ(result.steps.size(), 1u);
+  EXPECT_EQ(result.steps[0].kind, Step::Kind::create);
+  EXPECT_EQ(result.steps[0].instance.start, 6);
+  // 3g + 2g x2 fits only with the 3g on the right half: the one in use would have to move.
+  result = reconcile(h100, current, {{"3g.40gb", 1}, {"2g.20gb", 2}}, false);
+  EXPECT_FALSE(result.ok);
+  EXPECT_NE(result.why.find("GPU instance 1 (3g.40gb at slice 0) is in use"), std::string::npos)
+      << result.why;
+
+  // Already there: nothing to do.
+  result = reconcile(h100, {{{three, 0}, 1, true}}, {{"3g.40gb", 1}}, false);
+  ASSERT_TRUE(result.ok);
+  EXPECT_TRUE(result.steps.empty());
+
+  // A 7g needs the 3g in use gone: refused with its ID, done with force.
+  result = reconcile(h100, current, {{"7g.80gb", 1}}, false);
+  ASSERT_FALSE(result.ok);
+  EXPECT_NE(result.why.find("GPU instance 1 (3g.40gb at slice 0) is in use"), std::string::npos)
+      << result.why;
+  result = reconcile(h100, current, {{"7g.80gb", 1}}, true);
+  ASSERT_TRUE(result.ok) << result.why;
+  EXPECT_EQ(result.steps.size(), 4u);
+  EXPECT_EQ(result.steps.back().kind, Step::Kind::create);
+}
+
+// The seeds' mig-parted ConfigMap, as written there.
+constexpr const char* kSeedPartedConfig = R"(version: v1
+mig-configs:
+  # 默认配置: 7 个 1g.10gb
+  all-1g.10gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 7
+  # 混合配置: 1 个 3g.40gb + 2 个 2g.20gb
+  mixed:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices:
+        "3g.40gb": 1
+        "2g.20gb": 2
+  # 大实例配置
+  big-instance:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "7g.80gb": 1
+)";
+
+TEST(MigPartedConfig, TheSeedsAndReferenceConfigsAreAcceptedAndFitAnA100With80GB) {
+  const PartedConfig seeds = parse_parted_config(kSeedPartedConfig, "config.yaml");
+  ASSERT_EQ(seeds.configs.size(), 3u);
+  const GpuModel& a100 = model("A100-80GB");
+  for (const auto& [name, entries] : seeds.configs) {
+    ASSERT_EQ(entries.size(), 1u) << name;
+    EXPECT_TRUE(entries[0].mig_enabled);
+    EXPECT_TRUE(place(a100, entries[0].mig_devices).found) << name;
+  }
+  EXPECT_FALSE(seeds.configs.at("mixed")[0].all_devices);
+  EXPECT_EQ(seeds.configs.at("mixed")[0].devices, std::vector<int>{0});
+  EXPECT_EQ(entry_for(seeds.configs.at("mixed"), "mixed", 1, 0x20B210DE), nullptr);
+
+  const PartedConfig reference = parse_parted_config(R"(version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  mixed:
+    - device-filter: ["0x20B210DE"]   # optional PCI device+vendor id
+      devices: [0]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 1, "2g.20gb": 2}
+    - device-filter: "0x233010DE"
+      devices: [0]
+      mig-enabled: true
+      mig-devices: {"1g.10gb+me": 1, "1g.10gb": 6}
+)",
+                                                     "reference.yaml");
+  const auto& mixed = reference.configs.at("mixed");
+  const PartedEntry* a100_entry = entry_for(mixed, "mixed", 0, 0x20B210DE);
+  const PartedEntry* h100_entry = entry_for(mixed, "mixed", 0, 0x233010DE);
+  ASSERT_NE(a100_entry, nullptr);
+  ASSERT_NE(h100_entry, nullptr);
+  EXPECT_EQ(a100_entry->mig_devices.at("2g.20gb"), 2);
+  EXPECT_TRUE(place(model("H100-80GB"), h100_entry->mig_devices).found);
+  EXPECT_FALSE(reference.configs.at("all-disabled")[0].mig_enabled);
+}
+
+TEST(MigPartedConfig, RefusalsCarryMigPartedsMessagesWithTheFileAndEntry) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"mig-configs: {}\n", "f.yaml: unable to parse with missing 'version' field"},
+      {"version: v2\nmig-configs: {a: [{devices: all, mig-enabled: false}]}\n",
+       "f.yaml: version: unknown version: v2"},
+      {"version: v1\nmig-configs: {a: []}\n",
+       "f.yaml: mig-configs.a: at least one entry in 'a' is required"},
+      {"version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true}]}\n",
+       "f.yaml: mig-configs.a[0]: missing required field 'mig-devices' when 'mig-enabled' is "
+       "true"},
+      {"version: v1\nmig-configs: {a: [{devices: all, mig-enabled: false, mig-devices: "
+       "{1g.10gb: 1}}]}\n",
+       "f.yaml: mig-configs.a[0]: MIG devices included when 'mig-enabled' is false"},
+      {"version: v1\nmig-configs: {a: [{devices: some, mig-enabled: false}]}\n",
+       "f.yaml: mig-configs.a[0]: invalid string input for 'devices': some"},
+      {"version: v1\nmig-configs: {a: [{devices: all}]}\n",
+       "f.yaml: mig-configs.a[0]: missing required field: mig-enabled"},
+      {"version: v1\nmig-configs: {a: [{devices: all, mig-enabled: false, colour: red}]}\n",
+       "f.yaml: mig-configs.a[0]: unexpected field: colour"},
+      {"version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true, mig-devices: "
+       "{1x.10gb: 1}}]}\n",
+       "f.yaml: mig-configs.a[0]: error validating values in 'mig-devices' field: invalid "
+       "format for '1x.10gb': error parsing '.' separated fields in MigProfile string: missing "
+       "'g' from '%dg'"},
+      {"version: v1\nmig-configs: {a: [{devices: [0, 0], mig-enabled: false}]}\n",
+       "f.yaml: mig-configs.a[0].devices[1]: GPU 0 is listed twice"},
+      {"version: v1\nmig-configs: {a: [{device-filter: 0xZZ, devices: all, mig-enabled: "
+       "false}]}\n",
+       "f.yaml: mig-configs.a[0].device-filter: unable to create DeviceID from string '0xZZ'"},
+      {"version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true, mig-devices: "
+       "{1g.10gb: -1}}]}\n",
+       "f.yaml: mig-configs.a[0]: error validating values in 'mig-devices' field: invalid count "
+       "for '1g.10gb': -1"},
+      {"version: v1\nmig-configs: [" + std::string(100, '[') + "\n", "nested more than 32 deep"},
+  };
+  for (const auto& [text, message] : cases) {
+    try {
+      parse_parted_config(text, "f.yaml");
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const MigConfigError& error) {
+      EXPECT_NE(std::string(error.what()).find(message), std::string::npos)
+          << error.what() << "\nwanted: " << message;
+    }
+  }
+  // Two entries selecting one GPU: refused when that GPU's entry is looked up.
+  const PartedConfig both = parse_parted_config(
+      "version: v1\nmig-configs: {a: [{devices: all, mig-enabled: false}, {devices: [1], "
+      "mig-enabled: false}]}\n",
+      "f.yaml");
+  EXPECT_NE(entry_for(both.configs.at("a"), "a", 0, 0), nullptr);
+  EXPECT_THROW(entry_for(both.configs.at("a"), "a", 1, 0), MigConfigError);
+}
+
+TEST(MigPartedConfig, ProfileSpellingsFollowMigParted) {
+  for (const char* good : {"1g.10gb", "1c.2g.10gb", "1g.5gb+me", "1g.24gb-me", "7g.141gb"}) {
+    EXPECT_EQ(profile_format_error(good), "") << good;
+  }
+  for (const char* bad :
+       {"", "1g", "g.10gb", "1g.10", "1g.10gb+", "1g.10gb+me,me", "1g.10gb+2x", "1.2.3.4"}) {
+    EXPECT_NE(profile_format_error(bad), "") << bad;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::test
