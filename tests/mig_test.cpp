@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <set>
+#include <sstream>
 
+#include "mig/advisor.h"
 #include "mig/catalog.h"
 #include "mig/nvml_catalog.h"
 #include "mig/parted_config.h"
@@ -78,7 +81,7 @@ TEST(MigCatalog, ModelsAreFoundByNvmlNameOrKeyAndResourceNamesHaveNoPlus) {
 }
 
 // Every layout a model allows, by brute force: instances added in (profile, start) order.
-std::set<ProfileCounts> every_layout(const GpuModel& gpu) {
+std::set<ProfileCounts> layouts_by_brute_force(const GpuModel& gpu) {
   std::set<ProfileCounts> found;
   std::vector<Instance> all;
   for (const Profile& profile : gpu.profiles) {
@@ -99,7 +102,7 @@ std::set<ProfileCounts> every_layout(const GpuModel& gpu) {
 
 TEST(MigPlanner, PlacesEveryMultisetThatSomeLayoutHoldsAndNoOther) {
   for (const GpuModel& gpu : builtin_catalog()) {
-    const std::set<ProfileCounts> possible = every_layout(gpu);
+    const std::set<ProfileCounts> possible = layouts_by_brute_force(gpu);
     ASSERT_GT(possible.size(), 10u) << gpu.key;
     // Every multiset of up to `most` of each profile (one more of the 1g, beyond what fits).
     std::vector<int> counts(gpu.profiles.size(), 0);
@@ -370,6 +373,216 @@ TEST(MigPartedConfig, ProfileSpellingsFollowMigParted) {
        {"", "1g", "g.10gb", "1g.10", "1g.10gb+", "1g.10gb+me,me", "1g.10gb+2x", "1.2.3.4"}) {
     EXPECT_NE(profile_format_error(bad), "") << bad;
   }
+}
+
+// --- tessera mig on the simulated GPU, as a user runs it
+
+constexpr const char* kTwoGpus = "A100-80GB;H100";
+
+struct MigMachine {
+  ScratchDirectory scratch;
+  std::string config = scratch.file("mig.yaml");
+  Environment environment =
+      unhooked(scratch, {{"TESSERA_SIM_DEVICES", kTwoGpus}, {"TESSERA_SIMULATE", "1"}});
+  MigMachine() {
+    std::FILE* file = std::fopen(config.c_str(), "w");
+    std::fputs(kSeedPartedConfig, file);
+    std::fputs("  off:\n    - devices: all\n      mig-enabled: false\n", file);
+    std::fclose(file);
+  }
+  Finished mig(std::vector<std::string> arguments, const Environment& extra = {}) const {
+    arguments.insert(arguments.begin(), {tessera(), "mig"});
+    Environment settings = environment;
+    for (const auto& [key, value] : extra) settings[key] = value;
+    return run(arguments, settings);
+  }
+  // A process holding memory on GPU 0, until its stdin is closed.
+  std::unique_ptr<Running> hold_gpu0() const {
+    Environment settings = environment;
+    settings["CUDA_VISIBLE_DEVICES"] = "0";
+    return std::make_unique<Running>(std::vector<std::string>{worker(), "hold", "1048576"},
+                                     settings);
+  }
+  Finished reset(int device) const {
+    return run({tessera(), "simgpu", "reset", "--device", std::to_string(device)}, environment);
+  }
+};
+
+int lines_with(const std::string& text, const std::string& part) {
+  int count = 0;
+  for (std::size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+TEST(MigCommand, ApplyWaitsForAResetThenMakesTheLayoutWithTheFewestChanges) {
+  MigMachine machine;
+  Finished done = machine.mig({"apply", "-f", machine.config, "-c", "mixed"});
+  ASSERT_EQ(done.exit_code, 3) << done.out << done.err;  // MIG on waits for a reset
+  EXPECT_NE(done.out.find("MIG mode on is pending"), std::string::npos) << done.out;
+  done = machine.mig({"show"});
+  EXPECT_NE(done.out.find("GPU 0: NVIDIA A100-SXM4-80GB (A100-80GB), MIG off (on after a reset)"),
+            std::string::npos)
+      << done.out;
+  ASSERT_EQ(machine.reset(0).exit_code, 0);
+  done = machine.mig({"apply", "-f", machine.config, "-c", "mixed"});
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_EQ(lines_with(done.out, "  create "), 3) << done.out;
+  done = machine.mig({"show"});
+  EXPECT_EQ(lines_with(done.out, " MIG-7e55e7a0-"), 3) << done.out;
+  EXPECT_NE(done.out.find("|2g.20gb              |2g.20gb              |3g.40gb"),
+            std::string::npos)
+      << done.out;
+  // The same layout again: nothing to do. A 7g: three destroyed, one made.
+  done = machine.mig({"apply", "-f", machine.config, "-c", "mixed"});
+  EXPECT_NE(done.out.find("nothing to change"), std::string::npos) << done.out;
+  done = machine.mig({"apply", "-f", machine.config, "-c", "big-instance", "-d", "0"});
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_EQ(lines_with(done.out, "  destroy "), 3) << done.out;
+  EXPECT_EQ(lines_with(done.out, "  create "), 1) << done.out;
+  // Off again: instances go, then the mode, after a reset.
+  done = machine.mig({"apply", "-f", machine.config, "-c", "off", "-d", "0"});
+  EXPECT_EQ(done.exit_code, 3) << done.out << done.err;
+  ASSERT_EQ(machine.reset(0).exit_code, 0);
+  done = machine.mig({"show"});
+  EXPECT_NE(done.out.find("(A100-80GB), MIG off\n"), std::string::npos) << done.out;
+}
+
+TEST(MigCommand, AFailedCreateRollsBackToTheLayoutItFound) {
+  MigMachine machine;
+  ASSERT_EQ(machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "0"}).exit_code, 3);
+  ASSERT_EQ(machine.reset(0).exit_code, 0);
+  ASSERT_EQ(machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "0"}).exit_code, 0);
+  const std::string before = machine.mig({"show"}).out;
+  // From 3g + 2g x2 to 1g x7: three destroyed, then the second create fails.
+  Finished done = machine.mig({"apply", "-f", machine.config, "-c", "all-1g.10gb", "-d", "0"},
+                              {{"TESSERA_SIM_FAIL", "nvmlDeviceCreateGpuInstance#2"}});
+  EXPECT_EQ(done.exit_code, 1) << done.out << done.err;
+  EXPECT_NE(done.out.find("failed: GPU 0: creating 1g.10gb at slice 1"), std::string::npos)
+      << done.out;
+  EXPECT_NE(done.out.find("rolled back"), std::string::npos) << done.out;
+  const std::string after = machine.mig({"show"}).out;
+  // The same instances at the same places (their IDs and UUIDs are new).
+  auto shape = [](const std::string& show) {
+    std::vector<std::string> rows;
+    std::istringstream lines(show);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("GPU instance") != std::string::npos) rows.push_back(line.substr(18, 22));
+      if (line.find("  |") == 0) rows.push_back(line);
+    }
+    std::sort(rows.begin(), rows.end());
+    return rows;
+  };
+  EXPECT_EQ(shape(after), shape(before)) << before << "\n---\n" << after;
+  EXPECT_EQ(lines_with(after, " MIG-7e55e7a0-"), 3) << after;
+}
+
+TEST(MigCommand, InstancesInUseAreKeptAndAResetIsRefusedWhileTheGpuIsBusy) {
+  MigMachine machine;
+  ASSERT_EQ(machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "0"}).exit_code, 3);
+  const std::unique_ptr<Running> holder = machine.hold_gpu0();
+  ASSERT_EQ(holder->read_line(), "result=0");
+  Finished done = machine.reset(0);
+  EXPECT_EQ(done.exit_code, 1);
+  EXPECT_NE(done.err.find("GPU 0 is in use: stop its processes first"), std::string::npos)
+      << done.err;
+  holder->close_stdin();
+  ASSERT_EQ(holder->wait(), 0);
+  ASSERT_EQ(machine.reset(0).exit_code, 0);
+  ASSERT_EQ(machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "0"}).exit_code, 0);
+  // A process on the GPU now: its instances are in use, and a new layout is refused.
+  const std::unique_ptr<Running> user = machine.hold_gpu0();
+  ASSERT_EQ(user->read_line(), "result=0");
+  done = machine.mig({"apply", "-f", machine.config, "-c", "big-instance", "-d", "0"});
+  EXPECT_EQ(done.exit_code, 1) << done.out;
+  EXPECT_NE(done.out.find("is in use, and 7g.80gb x1 has no room for it"), std::string::npos)
+      << done.out;
+  // --force asks the driver anyway: it refuses, and nothing is lost.
+  done = machine.mig({"apply", "-f", machine.config, "-c", "big-instance", "-d", "0", "--force"});
+  EXPECT_EQ(done.exit_code, 1) << done.out;
+  EXPECT_NE(done.out.find("rolled back"), std::string::npos) << done.out;
+  user->close_stdin();
+  ASSERT_EQ(user->wait(), 0);
+  EXPECT_EQ(lines_with(machine.mig({"show"}).out, " MIG-7e55e7a0-"), 3);
+}
+
+TEST(MigCommand, BadConfigsAndArgumentsAreRefusedByName) {
+  MigMachine machine;
+  Finished done = machine.mig({"apply", "-f", machine.config, "-c", "nope"});
+  EXPECT_EQ(done.exit_code, 2);
+  EXPECT_NE(done.err.find("has no config 'nope' (it has: all-1g.10gb, big-instance, mixed, off)"),
+            std::string::npos)
+      << done.err;
+  const std::string bad = machine.scratch.file("bad.yaml");
+  std::FILE* file = std::fopen(bad.c_str(), "w");
+  std::fputs("version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n",
+             file);
+  std::fclose(file);
+  done = machine.mig({"plan", "-f", bad, "--model", "A100-80GB"});
+  EXPECT_EQ(done.exit_code, 2);
+  EXPECT_NE(done.err.find("bad.yaml: mig-configs.a[0]: missing required field 'mig-devices'"),
+            std::string::npos)
+      << done.err;
+  done = machine.mig({"plan", "-f", machine.config, "--model", "T4"});
+  EXPECT_EQ(done.exit_code, 2);
+  EXPECT_NE(done.err.find("--model T4: not a MIG GPU Tessera knows"), std::string::npos);
+  done = machine.mig({"advise", "--model", "H200", "--job", "three"});
+  EXPECT_EQ(done.exit_code, 2);
+  EXPECT_NE(done.err.find("--job 'three': write COUNTxMEMORY"), std::string::npos) << done.err;
+  // The seeds' layouts on an H100 NVL: their A100/H100 profile names are not its own.
+  done = machine.mig({"plan", "-f", machine.config, "-c", "mixed", "--model", "H100-NVL"});
+  EXPECT_EQ(done.exit_code, 1);
+  EXPECT_NE(done.out.find("2g.20gb is not a MIG profile of H100-NVL (its profiles: 1g.12gb"),
+            std::string::npos)
+      << done.out;
+}
+
+TEST(MigAdvisor, ThePlacedJobsFitTheirInstancesAndEveryLayoutIsLegal) {
+  const GpuModel& a100 = model("A100-80GB");
+  std::vector<Job> jobs;
+  for (int i = 0; i < 3; ++i) jobs.push_back({"small", 9 * 1024, 1});
+  jobs.push_back({"medium", 35 * 1024, 3});
+  jobs.push_back({"large", 70 * 1024, 1});
+  jobs.push_back({"huge", 100 * 1024, 1});
+  const Advice advice = advise(a100, jobs, 2);
+  ASSERT_EQ(advice.gpus.size(), 2u);
+  std::size_t placed = 0;
+  for (const GpuAdvice& gpu : advice.gpus) {
+    EXPECT_TRUE(legal(a100, gpu.layout));
+    for (const auto& [job, profile] : gpu.placed) {
+      const auto found = std::find_if(jobs.begin(), jobs.end(),
+                                      [&](const Job& candidate) { return candidate.name == job; });
+      EXPECT_GE(profile->memory_mib, found->memory_mib) << job << " on " << profile->name;
+      EXPECT_GE(profile->compute_slices, found->compute_slices) << job << " on " << profile->name;
+    }
+    placed += gpu.placed.size();
+  }
+  EXPECT_EQ(placed, 5u);  // all but the one larger than the GPU
+  ASSERT_EQ(advice.unplaced.size(), 1u);
+  EXPECT_EQ(advice.unplaced[0], "huge (larger than any A100-80GB MIG profile)");
+  // One GPU for seven 1g jobs: the 1g x7 layout, nothing idle.
+  const Advice sevens = advise(a100, std::vector<Job>(7, Job{"tiny", 1024, 1}), 1);
+  ASSERT_EQ(sevens.gpus.size(), 1u);
+  EXPECT_EQ(counts_of(sevens.gpus[0].layout), (ProfileCounts{{"1g.10gb", 7}}));
+  EXPECT_TRUE(sevens.gpus[0].idle.empty());
+  EXPECT_TRUE(sevens.unplaced.empty());
+}
+
+TEST(MigCommand, AdviseWritesALayoutThatPlanAccepts) {
+  MigMachine machine;
+  const Finished done = machine.mig(
+      {"advise", "--model", "H200", "--job", "4x15GiB", "--job", "1x60GiB@3", "--gpus", "1"});
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  const std::size_t yaml = done.out.find("version: v1");
+  ASSERT_NE(yaml, std::string::npos) << done.out;
+  const std::string advised = machine.scratch.file("advised.yaml");
+  std::FILE* file = std::fopen(advised.c_str(), "w");
+  std::fputs(done.out.substr(yaml).c_str(), file);
+  std::fclose(file);
+  const Finished planned = machine.mig({"plan", "-f", advised, "--model", "H200"});
+  EXPECT_EQ(planned.exit_code, 0) << planned.out << planned.err;
+  EXPECT_NE(planned.out.find("3g.71gb x1"), std::string::npos) << planned.out;
 }
 
 }  // namespace

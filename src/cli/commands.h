@@ -96,6 +96,23 @@ struct SimGpuEventOptions {
 };
 int simgpu_event_command(const SimGpuEventOptions& options);
 
+// tessera mig show|plan|apply|advise.
+inline constexpr int kResetNeededStatus = 3;  // apply: a MIG mode change waits for a GPU reset
+struct MigOptions {
+  std::string action;
+  std::string config_file;        // mig-parted's config (v1)
+  std::string config;             // which of its configs
+  std::string model;              // plan offline for this GPU model; advise for it
+  std::vector<int> devices;       // GPUs to act on (default: all)
+  bool force = false;             // destroy GPU instances in use
+  std::vector<std::string> jobs;  // advise: COUNTxMEMORY[@COMPUTE_SLICES]
+  int gpus = 1;                   // advise: how many GPUs
+};
+int mig_command(const MigOptions& options);
+
+// tessera simgpu reset: as nvidia-smi -r, applies a pending MIG mode; refused while in use.
+int simgpu_reset_command(int device);
+
 // HOST:PORT with PORT from 0 to 65535; throws UsageError naming `option` otherwise.
 void split_listen_address(const std::string& text, const char* option, std::string& host,
                           int& port);

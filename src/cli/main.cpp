@@ -128,6 +128,42 @@ int main(int argc, char** argv) {
   simgpu_event_app->add_option("--xid", simgpu_event.xid, "An XID critical error, e.g. 79");
   simgpu_event_app->add_option("--ecc", simgpu_event.ecc, "An ECC error: single or double (bit)");
 
+  int simgpu_reset_device = -1;
+  CLI::App* simgpu_reset_app = simgpu_app->add_subcommand(
+      "reset", "Reset a simulated GPU, as nvidia-smi -r: applies a pending MIG mode");
+  simgpu_reset_app->add_option("--device", simgpu_reset_device, "The GPU (index)")->required();
+
+  MigOptions mig;
+  CLI::App* mig_app = app.add_subcommand(
+      "mig", "Plan, apply and show MIG layouts (mig-parted's config files), and advise on one");
+  mig_app->require_subcommand(1);
+  for (const auto& [action, help] :
+       {std::pair<const char*, const char*>{"show",
+                                            "Each GPU's MIG layout, as a picture of its slots"},
+        {"plan", "What apply would do, or with --model where each config's instances go"},
+        {"apply", "Lay the GPUs out as the config says: fewest changes, rolled back on failure"},
+        {"advise", "The layout that runs the most of a workload mix"}}) {
+    CLI::App* command = mig_app->add_subcommand(action, help);
+    command->callback([&mig, action = std::string(action)] { mig.action = action; });
+    if (std::string(action) == "plan" || std::string(action) == "apply") {
+      command->add_option("-f,--config-file", mig.config_file,
+                          "mig-parted's config file (version v1)");
+      command->add_option("-c,--config", mig.config, "Which of its configs");
+      command->add_option("-d,--device", mig.devices, "Only these GPUs (index; repeatable)");
+      command->add_flag("--force", mig.force,
+                        "Destroy GPU instances even while processes use them");
+    }
+    if (std::string(action) == "plan" || std::string(action) == "advise") {
+      command->add_option("--model", mig.model,
+                          "A GPU model (A100-40GB, A100-80GB, H100-80GB, H100-NVL, H200, A30)");
+    }
+    if (std::string(action) == "advise") {
+      command->add_option("--job", mig.jobs,
+                          "COUNTxMEMORY[@COMPUTE_SLICES], e.g. 3x9GiB (repeatable)");
+      command->add_option("--gpus", mig.gpus, "How many GPUs")->check(CLI::Range(1, 64));
+    }
+  }
+
   // CLI11 would only say "a subcommand is required"; name the word it did not know.
   const auto known = [&app](const std::string& name) {
     for (const CLI::App* command : app.get_subcommands({})) {
@@ -137,7 +173,7 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     report_error(fmt::format(
-        "unknown command '{}' (commands: run, devices, top, sim, scheduler, node, simgpu; see "
+        "unknown command '{}' (commands: run, devices, top, sim, scheduler, node, simgpu, mig; see "
         "--help)",
         argv[1]));
     return kUsageStatus;
@@ -156,6 +192,8 @@ int main(int argc, char** argv) {
     if (scheduler_app->parsed()) return scheduler_command(scheduler);
     if (node_app->parsed()) return node_command(node);
     if (simgpu_event_app->parsed()) return simgpu_event_command(simgpu_event);
+    if (simgpu_reset_app->parsed()) return simgpu_reset_command(simgpu_reset_device);
+    if (mig_app->parsed()) return mig_command(mig);
     if (top_app->parsed()) {
       top.once = top.once || top.json;
       return top_command(top);

@@ -17,7 +17,11 @@ inline constexpr nvmlReturn_t NVML_ERROR_DRIVER_NOT_LOADED = 9;
 inline constexpr nvmlReturn_t NVML_ERROR_TIMEOUT = 10;
 inline constexpr nvmlReturn_t NVML_ERROR_FUNCTION_NOT_FOUND = 13;
 inline constexpr nvmlReturn_t NVML_ERROR_GPU_IS_LOST = 15;
+inline constexpr nvmlReturn_t NVML_ERROR_RESET_REQUIRED = 16;
+inline constexpr nvmlReturn_t NVML_ERROR_IN_USE = 19;
+inline constexpr nvmlReturn_t NVML_ERROR_INSUFFICIENT_RESOURCES = 23;
 inline constexpr nvmlReturn_t NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25;
+inline constexpr nvmlReturn_t NVML_ERROR_INVALID_STATE = 29;
 inline constexpr nvmlReturn_t NVML_ERROR_UNKNOWN = 999;
 
 struct nvmlMemory_t {
@@ -122,6 +126,41 @@ struct nvmlGpuInstancePlacement_t {
   unsigned int size;
 };
 
+// GPU and compute instances, and what NVML says of them.
+struct nvmlGpuInstance_st;
+using nvmlGpuInstance_t = nvmlGpuInstance_st*;
+struct nvmlComputeInstance_st;
+using nvmlComputeInstance_t = nvmlComputeInstance_st*;
+struct nvmlGpuInstanceInfo_t {
+  nvmlDevice_t device;
+  unsigned int id;
+  unsigned int profileId;
+  nvmlGpuInstancePlacement_t placement;
+};
+struct nvmlComputeInstanceProfileInfo_v2_t {
+  unsigned int version;
+  unsigned int id;
+  unsigned int sliceCount;
+  unsigned int instanceCount;
+  unsigned int multiprocessorCount;
+  unsigned int sharedCopyEngineCount;
+  unsigned int sharedDecoderCount;
+  unsigned int sharedEncoderCount;
+  unsigned int sharedJpegCount;
+  unsigned int sharedOfaCount;
+  char name[96];
+};
+inline constexpr unsigned int nvmlComputeInstanceProfileInfo_v2 = 0x02000088;
+static_assert(sizeof(nvmlComputeInstanceProfileInfo_v2_t) == 0x88);
+struct nvmlComputeInstanceInfo_t {
+  nvmlDevice_t device;
+  nvmlGpuInstance_t gpuInstance;
+  unsigned int id;
+  unsigned int profileId;
+  nvmlGpuInstancePlacement_t placement;  // nvmlComputeInstancePlacement_t: the same fields
+};
+inline constexpr unsigned int NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0;
+
 inline constexpr unsigned int NVML_DEVICE_MIG_DISABLE = 0;
 inline constexpr unsigned int NVML_DEVICE_MIG_ENABLE = 1;
 
@@ -168,10 +207,40 @@ inline constexpr int NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
     (nvmlDevice_t device, unsigned int profileId, nvmlGpuInstancePlacement_t* placements,      \
      unsigned int* count))
 
+// What tessera mig asks of NVML to lay out MIG, and the node agent to find MIG devices.
+#define TESSERA_NVML_MIG(X)                                                                        \
+  X(nvmlDeviceSetMigMode,                                                                          \
+    (nvmlDevice_t device, unsigned int mode, nvmlReturn_t* activationStatus))                      \
+  X(nvmlDeviceCreateGpuInstanceWithPlacement,                                                      \
+    (nvmlDevice_t device, unsigned int profileId, const nvmlGpuInstancePlacement_t* placement,     \
+     nvmlGpuInstance_t* gpuInstance))                                                              \
+  X(nvmlDeviceGetGpuInstances, (nvmlDevice_t device, unsigned int profileId,                       \
+                                nvmlGpuInstance_t* gpuInstances, unsigned int* count))             \
+  X(nvmlGpuInstanceGetInfo, (nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t * info))         \
+  X(nvmlGpuInstanceDestroy, (nvmlGpuInstance_t gpuInstance))                                       \
+  X(nvmlGpuInstanceGetComputeInstanceProfileInfoV,                                                 \
+    (nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,                 \
+     nvmlComputeInstanceProfileInfo_v2_t* info))                                                   \
+  X(nvmlGpuInstanceCreateComputeInstance, (nvmlGpuInstance_t gpuInstance, unsigned int profileId,  \
+                                           nvmlComputeInstance_t* computeInstance))                \
+  X(nvmlGpuInstanceGetComputeInstances,                                                            \
+    (nvmlGpuInstance_t gpuInstance, unsigned int profileId,                                        \
+     nvmlComputeInstance_t* computeInstances, unsigned int* count))                                \
+  X(nvmlComputeInstanceGetInfo_v2,                                                                 \
+    (nvmlComputeInstance_t computeInstance, nvmlComputeInstanceInfo_t * info))                     \
+  X(nvmlComputeInstanceDestroy, (nvmlComputeInstance_t computeInstance))                           \
+  X(nvmlDeviceGetMaxMigDeviceCount, (nvmlDevice_t device, unsigned int* count))                    \
+  X(nvmlDeviceGetMigDeviceHandleByIndex,                                                           \
+    (nvmlDevice_t device, unsigned int index, nvmlDevice_t* migDevice))                            \
+  X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, (nvmlDevice_t migDevice, nvmlDevice_t * device)) \
+  X(nvmlDeviceGetGpuInstanceId, (nvmlDevice_t device, unsigned int* id))                           \
+  X(nvmlDeviceGetComputeInstanceId, (nvmlDevice_t device, unsigned int* id))
+
 #define TESSERA_DECLARE_NVML_PFN(name, params) using PFN_##name = nvmlReturn_t(*) params;
 TESSERA_NVML_HOOKED(TESSERA_DECLARE_NVML_PFN)
 TESSERA_NVML_PASSTHROUGH(TESSERA_DECLARE_NVML_PFN)
 TESSERA_NVML_INVENTORY(TESSERA_DECLARE_NVML_PFN)
+TESSERA_NVML_MIG(TESSERA_DECLARE_NVML_PFN)
 #undef TESSERA_DECLARE_NVML_PFN
 
 extern "C" const char* nvmlErrorString(nvmlReturn_t result);

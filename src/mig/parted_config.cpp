@@ -8,6 +8,8 @@
 #include <charconv>
 #include <set>
 
+#include "common/text.h"
+
 namespace tessera::mig {
 namespace {
 
@@ -65,22 +67,6 @@ std::uint32_t device_id(const std::string& text, const std::string& origin,
            fmt::format("unable to create DeviceID from string '{}'", text.substr(0, 100)));
   }
   return static_cast<std::uint32_t>(value);
-}
-
-void check_nesting(std::string_view text, const std::string& origin) {
-  int depth = 0;
-  char quote = 0;
-  for (const char c : text) {
-    if (quote != 0) {
-      if (c == quote) quote = 0;
-    } else if (c == '"' || c == '\'') {
-      quote = c;
-    } else if ((c == '[' || c == '{') && ++depth > kMostNesting) {
-      refuse(origin, "", fmt::format("nested more than {} deep", kMostNesting));
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
 }
 
 PartedEntry read_entry(const YAML::Node& node, const std::string& origin,
@@ -231,7 +217,9 @@ std::string profile_format_error(const std::string& profile) {
 PartedConfig parse_parted_config(std::string_view text, const std::string& origin) {
   if (text.size() > kMostBytes)
     refuse(origin, "", fmt::format("larger than {} KiB", kMostBytes >> 10));
-  check_nesting(text, origin);
+  if (nests_deeper_than(text, kMostNesting)) {  // yaml-cpp's parser recurses
+    refuse(origin, "", fmt::format("nested more than {} deep", kMostNesting));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/text.h"
 #include "common/units.h"
 #include "kube/objects.h"
 
@@ -591,28 +592,6 @@ void read_health(Reader& reader, const YAML::Node& node, PluginConfig& config) {
   }
 }
 
-// Refuses flow collections nested deeper than any config needs before yaml-cpp, whose
-// parser recurses, sees them.
-void check_nesting(std::string_view text, const std::string& origin) {
-  int depth = 0;
-  char quote = 0;
-  for (const char c : text) {
-    if (quote != 0) {
-      if (c == quote) quote = 0;
-      continue;
-    }
-    if (c == '"' || c == '\'') {
-      quote = c;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMostFlowNesting) {
-        throw ConfigError(fmt::format("{}: nested more than {} deep", origin, kMostFlowNesting));
-      }
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-}
-
 std::string read_file_bounded(const std::string& path) {
   std::ifstream input(path, std::ios::binary);
   if (!input) throw ConfigError(fmt::format("{}: cannot be read", path));
@@ -685,7 +664,10 @@ PluginConfig parse_plugin_config(std::string_view text, const std::string& origi
     throw ConfigError(
         fmt::format("{}: larger than {} KiB; no config is", origin, kMostConfigBytes >> 10));
   }
-  check_nesting(text, origin);
+  // yaml-cpp's parser recurses: nesting deeper than any config needs is refused first.
+  if (nests_deeper_than(text, kMostFlowNesting)) {
+    throw ConfigError(fmt::format("{}: nested more than {} deep", origin, kMostFlowNesting));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));

@@ -26,9 +26,13 @@ Nvml::Nvml(const std::string& library) : library_(library) {
   name = reinterpret_cast<PFN_##name>(dlsym(handle_, #name));
   TESSERA_NVML_PASSTHROUGH(TESSERA_NVML_RESOLVE)
   TESSERA_NVML_INVENTORY(TESSERA_NVML_RESOLVE)
+  TESSERA_NVML_MIG(TESSERA_NVML_RESOLVE)
 #undef TESSERA_NVML_RESOLVE
   nvmlDeviceGetMemoryInfo =
       reinterpret_cast<PFN_nvmlDeviceGetMemoryInfo>(dlsym(handle_, "nvmlDeviceGetMemoryInfo"));
+  nvmlDeviceGetComputeRunningProcesses_v3 =
+      reinterpret_cast<PFN_nvmlDeviceGetComputeRunningProcesses_v3>(
+          dlsym(handle_, "nvmlDeviceGetComputeRunningProcesses_v3"));
   for (const auto& [function, name] :
        {std::pair<void*, const char*>{reinterpret_cast<void*>(nvmlInit_v2), "nvmlInit_v2"},
         {reinterpret_cast<void*>(nvmlDeviceGetCount_v2), "nvmlDeviceGetCount_v2"},

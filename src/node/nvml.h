@@ -28,7 +28,10 @@ class Nvml {
 #define TESSERA_NVML_MEMBER(name, params) abi::PFN_##name name = nullptr;
   TESSERA_NVML_PASSTHROUGH(TESSERA_NVML_MEMBER)
   TESSERA_NVML_INVENTORY(TESSERA_NVML_MEMBER)
+  TESSERA_NVML_MIG(TESSERA_NVML_MEMBER)
   abi::PFN_nvmlDeviceGetMemoryInfo nvmlDeviceGetMemoryInfo = nullptr;
+  abi::PFN_nvmlDeviceGetComputeRunningProcesses_v3 nvmlDeviceGetComputeRunningProcesses_v3 =
+      nullptr;
 #undef TESSERA_NVML_MEMBER
 
  private:

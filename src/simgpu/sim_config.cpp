@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -172,14 +173,50 @@ bool machine_spec_from_environment(MachineSpec& spec, ErrorText& error) {
   return parse_machine_spec("H100", "default", spec, error);
 }
 
+namespace {
+
+// Calls so far of each entry point named with a call number ("name#3"), this process.
+struct CallCount {
+  const char* entry_point;
+  unsigned calls;
+};
+CallCount call_counts[16];
+pthread_mutex_t call_counts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+unsigned count_call(const char* entry_point) {
+  pthread_mutex_lock(&call_counts_lock);
+  unsigned calls = 0;
+  for (CallCount& count : call_counts) {
+    if (count.entry_point == nullptr) count.entry_point = entry_point;
+    if (std::strcmp(count.entry_point, entry_point) == 0) {
+      calls = ++count.calls;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&call_counts_lock);
+  return calls;
+}
+
+}  // namespace
+
 bool injected_failure(const char* entry_point) {
   const char* names = std::getenv("TESSERA_SIM_FAIL");
   if (names == nullptr) return false;
   const std::size_t length = std::strlen(entry_point);
+  bool counted = false;
+  unsigned calls = 0;
   for (const char* at = names; *at != '\0';) {
     const char* end = std::strchr(at, ',');
     const std::size_t size = end == nullptr ? std::strlen(at) : static_cast<std::size_t>(end - at);
     if (size == length && std::strncmp(at, entry_point, length) == 0) return true;
+    // "name#N": only the N-th call fails.
+    if (size > length + 1 && std::strncmp(at, entry_point, length) == 0 && at[length] == '#') {
+      if (!counted) {
+        calls = count_call(entry_point);
+        counted = true;
+      }
+      if (std::strtoul(at + length + 1, nullptr, 10) == calls) return true;
+    }
     if (end == nullptr) break;
     at = end + 1;
   }

@@ -47,7 +47,7 @@ bool machine_spec_from_environment(MachineSpec& spec, ErrorText& error);
 
 // Fault injection for tests: TESSERA_SIM_FAIL names entry points (comma-separated) of the
 // simulated driver or NVML that fail, as a real driver's do now and then, so every caller's
-// failure path can be exercised.
+// failure path can be exercised. "name#N" fails only the N-th call of it in this process.
 bool injected_failure(const char* entry_point);
 
 }  // namespace tessera::sim

@@ -37,6 +37,8 @@ void initialize_file(void* base, const void* context) {
   std::memset(static_cast<void*>(file->timeline), 0, sizeof file->timeline);
   std::memset(static_cast<void*>(file->events), 0, sizeof file->events);
   initialize_robust_mutex(&file->events_lock);
+  std::memset(static_cast<void*>(file->mig), 0, sizeof file->mig);
+  initialize_robust_mutex(&file->mig_lock);
 }
 
 // The futex word in the low half of the events counter (x86-64 is little-endian).
@@ -367,6 +369,15 @@ void Machine::raise_event(int device, std::uint64_t type, std::uint64_t data) {
   unlock_robust(&file_->events_lock);
   // Shared, not private: waiters in other processes sleep on the same word.
   syscall(SYS_futex, event_word(file_->events_raised), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+MigState& Machine::lock_mig(int device) {
+  lock_robust(&file_->mig_lock);
+  return file_->mig[device];
+}
+
+void Machine::unlock_mig() {
+  unlock_robust(&file_->mig_lock);
 }
 
 bool Machine::event(std::uint64_t n, DeviceEvent& out) const {

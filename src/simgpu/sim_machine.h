@@ -77,6 +77,28 @@ struct DeviceEvent {
 };
 inline constexpr std::uint64_t kDeviceEvents = 1024;
 
+// MIG as the driver keeps it per device (sim_nvml_mig.cpp works it): the mode, with a change
+// pending until the GPU is reset, and the GPU instances with their compute instances.
+inline constexpr int kMigSlots = 8;
+struct MigComputeInstance {  // its ID is its slot
+  std::uint32_t used;
+  std::uint32_t profile;      // NVML_COMPUTE_INSTANCE_PROFILE_*, which is also its ID
+  std::uint32_t start, size;  // in the GPU instance's compute slices
+};
+struct MigGpuInstance {
+  std::uint32_t used;
+  std::uint32_t id;
+  std::uint32_t profile;      // NVML_GPU_INSTANCE_PROFILE_*
+  std::uint32_t start, size;  // in memory slices
+  std::uint32_t serial;       // unique per device: its MIG devices' UUIDs carry it
+  MigComputeInstance compute[kMigSlots];
+};
+struct MigState {
+  std::uint32_t current, pending;  // NVML_DEVICE_MIG_*
+  std::uint32_t next_serial;
+  MigGpuInstance instances[kMigSlots];
+};
+
 struct MachineFile {
   char magic[8];
   std::uint32_t version;
@@ -92,6 +114,8 @@ struct MachineFile {
   std::atomic<std::uint64_t> events_raised;
   pthread_mutex_t events_lock;        // one raiser at a time
   DeviceEvent events[kDeviceEvents];  // a ring
+  pthread_mutex_t mig_lock;           // held briefly, by MIG calls only
+  MigState mig[kMaxDevices];
 };
 
 // One piece of work in the device's record.
@@ -145,6 +169,9 @@ class Machine {
              WorkPiece* out, int capacity);
   // Raises an event on device, waking every process waiting for events.
   void raise_event(int device, std::uint64_t type, std::uint64_t data);
+  // The device's MIG state, locked until unlock_mig (one device's or all: one lock).
+  MigState& lock_mig(int device);
+  void unlock_mig();
   std::uint64_t events_raised() const {
     return file_->events_raised.load(std::memory_order_acquire);
   }

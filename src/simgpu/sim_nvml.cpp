@@ -1,5 +1,7 @@
 // The simulated NVML (libnvidia-ml.so.1). Like the real one it ignores
 // CUDA_VISIBLE_DEVICES and reports every device of the machine.
+#include "simgpu/sim_nvml.h"
+
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,11 +19,7 @@
 using namespace tessera::abi;
 using tessera::sim::machine;
 
-namespace {
-
-// What a current driver reports (tesseraSimulatedGpu tells it is simulated).
-constexpr const char* kDriverVersion = "580.65.06";
-constexpr int kCudaDriverVersion = 13000;
+namespace tessera::sim::nvml {
 
 // Device handles point into this array; the index is the machine device.
 char device_handles[tessera::kMaxDevices];
@@ -47,6 +45,16 @@ nvmlReturn_t copy_string(char* out, unsigned length, const char* text) {
   std::memcpy(out, text, std::strlen(text) + 1);
   return NVML_SUCCESS;
 }
+
+}  // namespace tessera::sim::nvml
+
+using namespace tessera::sim::nvml;
+
+namespace {
+
+// What a current driver reports (tesseraSimulatedGpu tells it is simulated).
+constexpr const char* kDriverVersion = "580.65.06";
+constexpr int kCudaDriverVersion = 13000;
 
 }  // namespace
 
@@ -156,18 +164,21 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* in
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
+  if (is_mig_handle(device)) return mig_device_name(device, name, length);
   int index = 0;
   if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
   return copy_string(name, length, machine().spec().devices[index].name);
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
+  if (is_mig_handle(device)) return mig_device_uuid(device, uuid, length);
   int index = 0;
   if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
   return copy_string(uuid, length, machine().spec().devices[index].uuid);
 }
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
+  if (is_mig_handle(device)) return mig_device_memory(device, memory);
   int index = 0;
   if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
@@ -199,6 +210,10 @@ namespace {
 // is set whatever happens, and too small a buffer is NVML_ERROR_INSUFFICIENT_SIZE.
 template <typename Info, typename Fill>
 nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* count, Info* infos, Fill fill) {
+  // The simulated accounts are per GPU: a MIG device reports every process on its GPU.
+  if (is_mig_handle(device)) {
+    if (nvmlReturn_t status = mig_parent(device, device); status != NVML_SUCCESS) return status;
+  }
   int index = 0;
   if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
@@ -318,163 +333,6 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo
 
 // MIG is an Ampere-and-later datacentre feature: the presets of compute capability 8.0 and
 // 9.0 have it (disabled until asked for), the older ones do not.
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int* current,
-                                             unsigned int* pending) {
-  int index = 0;
-  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
-  if (current == nullptr || pending == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  if (machine().spec().devices[index].mig_family < 0) return NVML_ERROR_NOT_SUPPORTED;
-  *current = NVML_DEVICE_MIG_DISABLE;
-  *pending = NVML_DEVICE_MIG_DISABLE;
-  return NVML_SUCCESS;
-}
-
-// A whole GPU has no attributes in NVML's sense (they are a MIG device's): an H200 answers
-// NVML_ERROR_NOT_SUPPORTED (driver 580.159.04), and so does the simulated one.
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device,
-                                                   nvmlDeviceAttributes_t* attributes) {
-  int index = 0;
-  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
-  if (attributes == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  return NVML_ERROR_NOT_SUPPORTED;
-}
-
-namespace {
-
-// The simulated GPU's MIG profiles: its own tables, written from NVIDIA's MIG user guide and
-// what an H200 reported through NVML, not shared with Tessera's planner (whose catalog the
-// tests compare with these). One row per GPU instance profile.
-struct SimMigProfile {
-  unsigned index;  // NVML_GPU_INSTANCE_PROFILE_*
-  unsigned id;
-  const char* name;
-  unsigned compute_slices, size, instances;
-  unsigned starts;  // bit i: may start at memory slice i
-  unsigned long long memory_mib;
-  unsigned sms;
-};
-struct SimMigTable {
-  const SimMigProfile* rows;
-  int count;
-};
-
-// NVIDIA's GPUs of eight memory slices share placements: 1g anywhere but the last slice, 1g
-// with two slices and 2g on even slices (2g not the last pair), 3g at 0 or 4, 4g and 7g at 0.
-constexpr unsigned kAnyButLast = 0x7f, kEven = 0x55, kEvenNotLast = 0x15, kHalves = 0x11,
-                   kFirst = 0x01;
-constexpr SimMigProfile kA100_40[] = {
-    {0, 19, "MIG 1g.5gb", 1, 1, 7, kAnyButLast, 4864, 14},
-    {7, 20, "MIG 1g.5gb+me", 1, 1, 1, kAnyButLast, 4864, 14},
-    {9, 15, "MIG 1g.10gb", 1, 2, 4, kEven, 9856, 14},
-    {1, 14, "MIG 2g.10gb", 2, 2, 3, kEvenNotLast, 9856, 28},
-    {2, 9, "MIG 3g.20gb", 3, 4, 2, kHalves, 20096, 42},
-    {3, 5, "MIG 4g.20gb", 4, 4, 1, kFirst, 20096, 56},
-    {4, 0, "MIG 7g.40gb", 7, 8, 1, kFirst, 40448, 98},
-};
-constexpr SimMigProfile kA100_80[] = {
-    {0, 19, "MIG 1g.10gb", 1, 1, 7, kAnyButLast, 9728, 14},
-    {7, 20, "MIG 1g.10gb+me", 1, 1, 1, kAnyButLast, 9728, 14},
-    {9, 15, "MIG 1g.20gb", 1, 2, 4, kEven, 19968, 14},
-    {1, 14, "MIG 2g.20gb", 2, 2, 3, kEvenNotLast, 19968, 28},
-    {2, 9, "MIG 3g.40gb", 3, 4, 2, kHalves, 40192, 42},
-    {3, 5, "MIG 4g.40gb", 4, 4, 1, kFirst, 40192, 56},
-    {4, 0, "MIG 7g.80gb", 7, 8, 1, kFirst, 80896, 98},
-};
-constexpr SimMigProfile kH100[] = {
-    {0, 19, "MIG 1g.10gb", 1, 1, 7, kAnyButLast, 9984, 16},
-    {7, 20, "MIG 1g.10gb+me", 1, 1, 1, kAnyButLast, 9984, 16},
-    {9, 15, "MIG 1g.20gb", 1, 2, 4, kEven, 20096, 26},
-    {1, 14, "MIG 2g.20gb", 2, 2, 3, kEvenNotLast, 20096, 32},
-    {2, 9, "MIG 3g.40gb", 3, 4, 2, kHalves, 40448, 60},
-    {3, 5, "MIG 4g.40gb", 4, 4, 1, kFirst, 40448, 64},
-    {4, 0, "MIG 7g.80gb", 7, 8, 1, kFirst, 81152, 132},
-};
-constexpr SimMigProfile kH200[] = {
-    // as an H200 reported them
-    {0, 19, "MIG 1g.18gb", 1, 1, 7, kAnyButLast, 16384, 16},
-    {1, 14, "MIG 2g.35gb", 2, 2, 3, kEvenNotLast, 33280, 32},
-    {2, 9, "MIG 3g.71gb", 3, 4, 2, kHalves, 71424, 60},
-    {3, 5, "MIG 4g.71gb", 4, 4, 1, kFirst, 71424, 64},
-    {4, 0, "MIG 7g.141gb", 7, 8, 1, kFirst, 143360, 132},
-    {7, 20, "MIG 1g.18gb+me", 1, 1, 1, kAnyButLast, 16384, 16},
-    {9, 15, "MIG 1g.35gb", 1, 2, 4, kEven, 33280, 26},
-};
-constexpr SimMigProfile kA30[] = {
-    // four memory slices, four compute slices
-    {0, 14, "MIG 1g.6gb", 1, 1, 4, 0xf, 5952, 14},
-    {7, 21, "MIG 1g.6gb+me", 1, 1, 1, 0xf, 5952, 14},
-    {1, 5, "MIG 2g.12gb", 2, 2, 2, 0x5, 12032, 28},
-    {8, 6, "MIG 2g.12gb+me", 2, 2, 1, 0x5, 12032, 28},
-    {3, 0, "MIG 4g.24gb", 4, 4, 1, 0x1, 24320, 56},
-};
-constexpr SimMigTable kMigTables[] = {
-    {kA100_40, 7}, {kA100_80, 7}, {kH100, 7}, {kH200, 7}, {kA30, 5},
-};
-
-// The device's MIG table, or a status saying why it has none.
-nvmlReturn_t mig_table(nvmlDevice_t device, SimMigTable& table) {
-  int index = 0;
-  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
-  const int family = machine().spec().devices[index].mig_family;
-  if (family < 0 || family >= static_cast<int>(sizeof kMigTables / sizeof kMigTables[0])) {
-    return NVML_ERROR_NOT_SUPPORTED;
-  }
-  table = kMigTables[family];
-  return NVML_SUCCESS;
-}
-
-}  // namespace
-
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(
-    nvmlDevice_t device, unsigned int profile, nvmlGpuInstanceProfileInfo_v2_t* info) {
-  SimMigTable table{};
-  if (nvmlReturn_t status = mig_table(device, table); status != NVML_SUCCESS) return status;
-  if (info == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  if (info->version != nvmlGpuInstanceProfileInfo_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-  for (int i = 0; i < table.count; ++i) {
-    const SimMigProfile& row = table.rows[i];
-    if (row.index != profile) continue;
-    std::memset(info, 0, sizeof *info);
-    info->version = nvmlGpuInstanceProfileInfo_v2;
-    info->id = row.id;
-    info->sliceCount = row.compute_slices;
-    info->instanceCount = row.instances;
-    info->multiprocessorCount = row.sms;
-    info->memorySizeMB = row.memory_mib;
-    std::snprintf(info->name, sizeof info->name, "%s", row.name);
-    return NVML_SUCCESS;
-  }
-  return profile < 16 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
-}
-
-// With `placements` null, says how many there are; else fills up to *count of them.
-SIM_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(
-    nvmlDevice_t device, unsigned int profile_id, nvmlGpuInstancePlacement_t* placements,
-    unsigned int* count) {
-  SimMigTable table{};
-  if (nvmlReturn_t status = mig_table(device, table); status != NVML_SUCCESS) return status;
-  if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  for (int i = 0; i < table.count; ++i) {
-    const SimMigProfile& row = table.rows[i];
-    if (row.id != profile_id) continue;
-    const unsigned total = static_cast<unsigned>(__builtin_popcount(row.starts));
-    if (placements == nullptr) {
-      *count = total;
-      return NVML_SUCCESS;
-    }
-    if (*count < total) {
-      *count = total;
-      return NVML_ERROR_INSUFFICIENT_SIZE;
-    }
-    unsigned written = 0;
-    for (unsigned start = 0; start < 8; ++start) {
-      if ((row.starts >> start) & 1u) placements[written++] = {start, row.size};
-    }
-    *count = written;
-    return NVML_SUCCESS;
-  }
-  return NVML_ERROR_INVALID_ARGUMENT;
-}
 
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int* node) {
   int index = 0;
