@@ -312,6 +312,26 @@ mig-configs:
   EXPECT_FALSE(reference.configs.at("all-disabled")[0].mig_enabled);
 }
 
+TEST(MigPartedConfig, TheExamplesAreAcceptedAndEveryEntryFitsTheModelsItSelects) {
+  const std::string folder = std::string(TESSERA_SOURCE_DIR) + "/examples/mig/";
+  const PartedConfig seeds = parse_parted_config(
+      read_text_file(folder + "seed-chapter-mig-parted.yaml"), "seed-chapter-mig-parted.yaml");
+  EXPECT_EQ(seeds.configs.size(), 3u);
+  const PartedConfig fleet =
+      parse_parted_config(read_text_file(folder + "by-model.yaml"), "by-model.yaml");
+  const std::vector<std::pair<std::uint32_t, const char*>> models = {{0x20B210DE, "A100-80GB"},
+                                                                     {0x233010DE, "H100-80GB"},
+                                                                     {0x233510DE, "H200"},
+                                                                     {0x20B010DE, "A100-40GB"}};
+  for (const auto& [device_id, key] : models) {
+    const PartedEntry* entry =
+        entry_for(fleet.configs.at("half-and-half"), "half-and-half", 0, device_id);
+    ASSERT_NE(entry, nullptr) << key;
+    const Plan plan = place(model(key), entry->mig_devices);
+    EXPECT_TRUE(plan.found) << key << ": " << plan.why;
+  }
+}
+
 TEST(MigPartedConfig, RefusalsCarryMigPartedsMessagesWithTheFileAndEntry) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"mig-configs: {}\n", "f.yaml: unable to parse with missing 'version' field"},

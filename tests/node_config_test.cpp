@@ -1,6 +1,7 @@
 // The node agent's decisions, in process: configs (NVIDIA's v1, the seeds', Tessera's slices)
 // read or refused with NVIDIA's messages, the resources and device IDs they give, the
 // preferred and granted devices, GFD's labels and what makes a GPU unhealthy.
+#include <fmt/core.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -380,6 +381,126 @@ TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
   } catch (const ConfigError& refused) {
     EXPECT_NE(std::string(refused.what()).find("MPS"), std::string::npos);
   }
+}
+
+// MIG devices as the simulated GPU names them, on GPU `gpu`: its instances' profiles in order.
+void give_mig_devices(GpuInfo& gpu, const std::vector<std::string>& profiles) {
+  gpu.mig_enabled = true;
+  for (const std::string& profile : profiles) {
+    const int index = static_cast<int>(gpu.mig_devices.size());
+    gpu.mig_devices.push_back(
+        {fmt::format("MIG-7e55e7a0-{:04x}-4{:03x}-8000-00000000000{}", gpu.index, index + 1, index),
+         profile, index, static_cast<unsigned>(index + 1), 0,
+         (profile.rfind("3g", 0) == 0 ? 19968ull : 4864ull) << 20,
+         profile.rfind("3g", 0) == 0 ? 42 : 14});
+  }
+}
+
+TEST(NodeResources, MigDevicesAreServedPerStrategyWithNvidiasNamesAndIds) {
+  Inventory node = machine(3);
+  give_mig_devices(node.gpus[1], {"3g.20gb", "1g.5gb", "1g.5gb+me"});
+  give_mig_devices(node.gpus[2], {"1g.5gb"});
+  const auto& mig1 = node.gpus[1].mig_devices;
+  // mixed: GPU 0 whole; MIG devices by profile, +me as .me.
+  const PluginConfig mixed = parse_plugin_config("flags: {migStrategy: mixed}", "mixed.yaml");
+  const ResourceMap map = build_resource_map(node, mixed);
+  const auto served = resources_of(map);
+  EXPECT_EQ(served.at("nvidia.com/gpu"), std::set<std::string>{simulated_gpu_uuid(0)});
+  EXPECT_EQ(served.at("nvidia.com/mig-3g.20gb"), std::set<std::string>{mig1[0].uuid});
+  EXPECT_EQ(served.at("nvidia.com/mig-1g.5gb"),
+            (std::set<std::string>{mig1[1].uuid, node.gpus[2].mig_devices[0].uuid}));
+  EXPECT_EQ(served.at("nvidia.com/mig-1g.5gb.me"), std::set<std::string>{mig1[2].uuid});
+  // A container given a MIG device sees it by UUID, or by <gpu>:<mig> with index IDs.
+  const Resource& small = *map.find("nvidia.com/mig-1g.5gb");
+  const std::vector<DeviceRef> granted = requested_devices(small, {mig1[1].uuid});
+  ASSERT_EQ(granted.size(), 1u);
+  EXPECT_EQ(expose_devices(node, mixed, granted, "r").envs.at("NVIDIA_VISIBLE_DEVICES"),
+            mig1[1].uuid);
+  const PluginConfig by_index =
+      parse_plugin_config("flags: {migStrategy: mixed, plugin: {deviceIDStrategy: index}}", "i");
+  EXPECT_EQ(expose_devices(node, by_index, granted, "r").envs.at("NVIDIA_VISIBLE_DEVICES"), "1:1");
+
+  // Time-slicing of a MIG resource, as NVIDIA allows it; slices of MIG devices are refused.
+  const ResourceMap shared = build_resource_map(
+      node, parse_plugin_config("flags: {migStrategy: mixed}\nsharing:\n  timeSlicing:\n"
+                                "    resources:\n    - name: nvidia.com/mig-1g.5gb\n"
+                                "      replicas: 2\n",
+                                "ts.yaml"));
+  EXPECT_EQ(resources_of(shared).at("nvidia.com/mig-1g.5gb"),
+            (std::set<std::string>{mig1[1].uuid + "::0", mig1[1].uuid + "::1",
+                                   node.gpus[2].mig_devices[0].uuid + "::0",
+                                   node.gpus[2].mig_devices[0].uuid + "::1"}));
+  EXPECT_EQ(resources_of(shared).at("nvidia.com/mig-3g.20gb").size(), 1u);
+  try {
+    build_resource_map(node,
+                       parse_plugin_config("flags: {migStrategy: mixed}\nsharing:\n  slices:\n"
+                                           "    resources:\n    - name: nvidia.com/mig-1g.5gb\n"
+                                           "      replicas: 2\n",
+                                           "slices.yaml"));
+    ADD_FAILURE() << "slices of MIG devices accepted";
+  } catch (const ConfigError& refused) {
+    EXPECT_NE(std::string(refused.what()).find("slices of MIG devices are not served"),
+              std::string::npos)
+        << refused.what();
+  }
+
+  // single: every GPU with MIG on and one profile, served as nvidia.com/gpu.
+  const PluginConfig single = parse_plugin_config("flags: {migStrategy: single}", "single.yaml");
+  auto refusal = [&](const Inventory& inventory) {
+    try {
+      build_resource_map(inventory, single);
+    } catch (const ConfigError& refused) {
+      return std::string(refused.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal(node).find("all devices on the node must be configured with the same "
+                               "migEnabled value"),
+            std::string::npos);
+  Inventory all_mig = machine(2);
+  give_mig_devices(all_mig.gpus[0], {"3g.20gb", "1g.5gb"});
+  give_mig_devices(all_mig.gpus[1], {"3g.20gb"});
+  EXPECT_NE(refusal(all_mig).find("single: more than one MIG device type present on node"),
+            std::string::npos);
+  Inventory uniform = machine(2);
+  give_mig_devices(uniform.gpus[0], {"3g.20gb", "3g.20gb"});
+  give_mig_devices(uniform.gpus[1], {"3g.20gb"});
+  const auto uniform_served = resources_of(build_resource_map(uniform, single));
+  ASSERT_EQ(uniform_served.size(), 1u);
+  EXPECT_EQ(uniform_served.at("nvidia.com/gpu").size(), 3u);
+  EXPECT_EQ(uniform_served.at("nvidia.com/gpu").count(uniform.gpus[1].mig_devices[0].uuid), 1u);
+  // none: MIG devices ignored, every GPU whole.
+  EXPECT_EQ(resources_of(build_resource_map(node, parse_plugin_config("", "none"))),
+            (std::map<std::string, std::set<std::string>>{
+                {"nvidia.com/gpu",
+                 {simulated_gpu_uuid(0), simulated_gpu_uuid(1), simulated_gpu_uuid(2)}}}));
+
+  // GFD's MIG labels, and the capacity annotation the scheduler reads.
+  const Labels mixed_labels = gpu_labels(node, mixed, 0);
+  EXPECT_EQ(mixed_labels.at("nvidia.com/mig.strategy"), "mixed");
+  EXPECT_EQ(mixed_labels.at("nvidia.com/gpu.sharing"), "mig");
+  EXPECT_EQ(mixed_labels.at("nvidia.com/mig-1g.5gb.count"), "2");
+  EXPECT_EQ(mixed_labels.at("nvidia.com/mig-1g.5gb.memory"), "4864");
+  EXPECT_EQ(mixed_labels.at("nvidia.com/mig-3g.20gb.multiprocessors"), "42");
+  EXPECT_EQ(mixed_labels.at("nvidia.com/mig-1g.5gb.me.count"), "1");
+  const Labels single_labels = gpu_labels(uniform, single, 0);
+  EXPECT_EQ(single_labels.at("nvidia.com/gpu.product"), "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb");
+  EXPECT_EQ(single_labels.at("nvidia.com/gpu.count"), "3");
+  EXPECT_EQ(single_labels.at("nvidia.com/gpu.memory"), "19968");
+  HealthBoard health(3);
+  const nlohmann::json annotation = gpus_annotation(node, map, health, mixed.strategy());
+  ASSERT_EQ(annotation["gpus"].size(), 3u);
+  EXPECT_EQ(annotation["gpus"][0]["sharing"], "none");
+  EXPECT_EQ(annotation["gpus"][1]["sharing"], "mig");
+  EXPECT_EQ(annotation["gpus"][1]["mig_devices"].size(), 3u);
+  EXPECT_EQ(annotation["gpus"][1]["mig_devices"][2]["profile"], "1g.5gb+me");
+  // The scheduler leaves MIG GPUs to the kubelet's counts: only GPU 0 is its to place on.
+  const nlohmann::json described = {
+      {"metadata", {{"name", "mig-node"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
+      {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "256Gi"}}}}}};
+  const extender::NodeInfo info = extender::node_from_json(described);
+  EXPECT_EQ(info.spec.gpus, 1);
+  EXPECT_EQ(info.gpu_uuids, std::vector<std::string>{simulated_gpu_uuid(0)});
 }
 
 TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode) {

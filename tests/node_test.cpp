@@ -197,6 +197,50 @@ TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
   EXPECT_FALSE(fs::exists(scratch.file("dp/tessera-gpu.sock")));  // its socket goes with it
 }
 
+// MIG end to end on the simulated GPU: tessera mig lays GPU 0 out, and the node agent serves
+// its MIG devices by profile (mixed) beside GPU 1 whole, and a container gets its MIG device.
+TEST(Node, MigDevicesLaidOutByTesseraMigAreServedByProfile) {
+  ScratchDirectory scratch;
+  const Environment env = machine(scratch, "A100-80GB;A100-80GB", {{"TESSERA_SIMULATE", "1"}});
+  const std::string layout = scratch.file("mig.yaml");
+  write_config(layout,
+               "version: v1\nmig-configs:\n  mixed:\n    - devices: [0]\n"
+               "      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 1, \"1g.10gb\": 2, "
+               "\"1g.10gb+me\": 1}\n");
+  const std::vector<std::string> apply = {tessera(), "mig", "apply", "-f", layout, "-c", "mixed"};
+  ASSERT_EQ(run(apply, env).exit_code, 3);  // MIG on waits for a reset
+  ASSERT_EQ(run({tessera(), "simgpu", "reset", "--device", "0"}, env).exit_code, 0);
+  const Finished applied = run(apply, env);
+  ASSERT_EQ(applied.exit_code, 0) << applied.out << applied.err;
+  const std::string config = scratch.file("config.yaml");
+  write_config(config, "version: v1\nflags:\n  migStrategy: mixed\n");
+
+  TestKubelet kubelet(scratch.file("dp"));
+  NodeProcess node(scratch, {"--config-file", config}, env);
+  ASSERT_TRUE(node.started()) << node.log();
+  TestKubelet::Devices whole, small, media, large;
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids({simulated_gpu_uuid(1)}), 10s, &whole))
+      << node.log();
+  const auto count_is = [](std::size_t count) {
+    return [count](const TestKubelet::Devices& devices) { return devices.size() == count; };
+  };
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-1g.10gb", count_is(2), 10s, &small))
+      << node.log();
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-1g.10gb.me", count_is(1), 10s, &media))
+      << node.log();
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-3g.40gb", count_is(1), 10s, &large))
+      << node.log();
+  const std::string mig_uuid = large.begin()->first;
+  EXPECT_EQ(mig_uuid.rfind("MIG-", 0), 0u) << mig_uuid;
+  v1beta1::AllocateResponse response;
+  ASSERT_TRUE(kubelet.allocate("nvidia.com/mig-3g.40gb", {{mig_uuid}}, response).ok());
+  EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), mig_uuid);
+  // A MIG device is not a whole GPU's to give: asked under another resource, refused.
+  EXPECT_FALSE(kubelet.allocate("nvidia.com/gpu", {{mig_uuid}}, response).ok());
+  EXPECT_EQ(node.stop(), 0);
+}
+
 TEST(Node, RefusedArgumentsExitWithUsageAndSayWhy) {
   ScratchDirectory scratch;
   const Environment env = machine(scratch);

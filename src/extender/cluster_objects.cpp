@@ -32,8 +32,8 @@ std::string model_of(const nlohmann::json& object) {
 }
 
 // The node agent's format: each GPU with its UUID, model, memory and how it is shared. The
-// engine places on GPUs served whole (whole-GPU pods only) or cut into slices; time-sliced
-// and MPS GPUs are the kubelet's to count, replica by replica, and are left out.
+// engine places on GPUs served whole (whole-GPU pods only) or cut into slices; time-sliced,
+// MPS and MIG GPUs are the kubelet's to count, device by device, and are left out.
 void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
   const auto list = annotation.find("gpus");
   if (!list->is_array() || list->size() > 64) throw std::runtime_error("gpus must be a list");
@@ -41,13 +41,14 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
     if (!gpu.is_object()) throw std::runtime_error("gpus holds something other than an object");
     const auto sharing = gpu.find("sharing");
     if (sharing == gpu.end() || !sharing->is_string()) {
-      throw std::runtime_error("a GPU without sharing (none, slices, timeslice or mps)");
+      throw std::runtime_error("a GPU without sharing (none, slices, timeslice, mps or mig)");
     }
     const std::string& mode = sharing->get_ref<const std::string&>();
-    if (mode == "timeslice" || mode == "mps") continue;
+    // MIG devices are the kubelet's to count, by profile, as replicas are.
+    if (mode == "timeslice" || mode == "mps" || mode == "mig") continue;
     if (mode != "none" && mode != "slices") {
-      throw std::runtime_error(
-          fmt::format("sharing '{}' is not none, slices, timeslice or mps", mode.substr(0, 40)));
+      throw std::runtime_error(fmt::format(
+          "sharing '{}' is not none, slices, timeslice, mps or mig", mode.substr(0, 40)));
     }
     if (info.spec.gpus == kMaxGpusPerNode) {
       throw std::runtime_error(fmt::format("more than {} GPUs", kMaxGpusPerNode));

@@ -19,6 +19,7 @@
 #include "kube/json_input.h"
 #include "kube/objects.h"
 #include "kube/reflector.h"
+#include "node/mig_gpu.h"
 
 namespace tessera::node {
 namespace {
@@ -159,6 +160,7 @@ ConfigSet NodeAgent::read_configs() const {
 void NodeAgent::start() {
   nvml_ = std::make_unique<Nvml>(options_.nvml_library);
   inventory_ = read_inventory(*nvml_);
+  add_mig_devices(*nvml_, inventory_);
   health_.resize(static_cast<int>(inventory_.gpus.size()));
   say(fmt::format("{} GPU(s){}, driver {}, CUDA {}.{}", inventory_.gpus.size(),
                   inventory_.simulated ? " (simulated)" : "", inventory_.driver_version,
@@ -341,8 +343,8 @@ ContainerAllocation NodeAgent::allocate(const std::string& resource,
   if (served_resource->kind == ResourceKind::slices) {
     return slices_->allocate(inventory_, state->config, *served_resource, ids, health_);
   }
-  return expose_gpus(inventory_, state->config, requested_gpus(*served_resource, ids),
-                     random_uuid());
+  return expose_devices(inventory_, state->config, requested_devices(*served_resource, ids),
+                        random_uuid());
 }
 
 void NodeAgent::restart_health(const PluginConfig& config) {

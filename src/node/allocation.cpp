@@ -112,12 +112,21 @@ std::vector<std::string> preferred_allocation(const Resource& resource,
 }
 
 std::vector<int> requested_gpus(const Resource& resource, const std::vector<std::string>& ids) {
+  std::vector<int> gpus;
+  for (const DeviceRef& device : requested_devices(resource, ids)) {
+    if (std::find(gpus.begin(), gpus.end(), device.gpu) == gpus.end()) gpus.push_back(device.gpu);
+  }
+  return gpus;
+}
+
+std::vector<DeviceRef> requested_devices(const Resource& resource,
+                                         const std::vector<std::string>& ids) {
   if (ids.empty()) {
     throw AllocationError(
         fmt::format("invalid allocation request for '{}': no devices", resource.name));
   }
   int replicas = 0;
-  std::vector<int> gpus;
+  std::vector<DeviceRef> devices;
   for (const std::string& id : ids) {
     const AdvertisedDevice* device = resource.find(id);
     if (device == nullptr) {
@@ -125,14 +134,15 @@ std::vector<int> requested_gpus(const Resource& resource, const std::vector<std:
                                         resource.name, id.substr(0, 100)));
     }
     replicas += device->replica >= 0;
-    if (std::find(gpus.begin(), gpus.end(), device->gpu) == gpus.end()) gpus.push_back(device->gpu);
+    const DeviceRef ref{device->gpu, device->mig};
+    if (std::find(devices.begin(), devices.end(), ref) == devices.end()) devices.push_back(ref);
   }
   if (resource.kind == ResourceKind::replicated && resource.fail_requests_greater_than_one &&
       replicas > 0 && ids.size() > 1) {
     throw AllocationError(fmt::format(
         "invalid request: maximum request size for shared resources is 1; found {}", ids.size()));
   }
-  return gpus;
+  return devices;
 }
 
 std::vector<DeviceNodeSpec> device_nodes(const Inventory& inventory, const PluginConfig& config,
@@ -155,12 +165,27 @@ std::vector<DeviceNodeSpec> device_nodes(const Inventory& inventory, const Plugi
 
 ContainerAllocation expose_gpus(const Inventory& inventory, const PluginConfig& config,
                                 const std::vector<int>& gpus, const std::string& response_id) {
+  std::vector<DeviceRef> devices;
+  for (const int gpu : gpus) devices.push_back({gpu, -1});
+  return expose_devices(inventory, config, devices, response_id);
+}
+
+ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfig& config,
+                                   const std::vector<DeviceRef>& devices,
+                                   const std::string& response_id) {
   ContainerAllocation allocation;
   std::vector<std::string> ids;
-  for (const int gpu : gpus) {
-    const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
-    ids.push_back(config.flags.device_id == DeviceIdStrategy::index ? std::to_string(info.index)
-                                                                    : info.uuid);
+  std::vector<int> gpus;
+  for (const DeviceRef& device : devices) {
+    const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(device.gpu)];
+    const bool by_index = config.flags.device_id == DeviceIdStrategy::index;
+    if (device.mig >= 0) {
+      const MigDeviceInfo& mig = info.mig_devices[static_cast<std::size_t>(device.mig)];
+      ids.push_back(by_index ? fmt::format("{}:{}", info.index, mig.index) : mig.uuid);
+    } else {
+      ids.push_back(by_index ? std::to_string(info.index) : info.uuid);
+    }
+    if (std::find(gpus.begin(), gpus.end(), device.gpu) == gpus.end()) gpus.push_back(device.gpu);
   }
   const DeviceListStrategies& strategies = config.flags.device_list;
   if (strategies.envvar) allocation.envs["NVIDIA_VISIBLE_DEVICES"] = join(ids, ",");

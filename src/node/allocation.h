@@ -48,12 +48,27 @@ std::vector<std::string> preferred_allocation(const Resource& resource,
                                               const std::vector<std::string>& must_include,
                                               int size, ReplicaPolicy policy);
 
-// The GPUs (inventory indices, de-duplicated, in order) a container's device IDs stand for,
-// with NVIDIA's checks: unknown IDs and, with failRequestsGreaterThanOne, more than one replica.
+// A device a container gets: a whole GPU (mig -1) or one of its MIG devices.
+struct DeviceRef {
+  int gpu = -1;  // inventory index
+  int mig = -1;  // GpuInfo::mig_devices index
+  bool operator==(const DeviceRef&) const = default;
+};
+
+// The devices (de-duplicated, in order) a container's device IDs stand for, with NVIDIA's
+// checks: unknown IDs and, with failRequestsGreaterThanOne, more than one replica.
+std::vector<DeviceRef> requested_devices(const Resource& resource,
+                                         const std::vector<std::string>& ids);
+// The same, as the GPUs behind them.
 std::vector<int> requested_gpus(const Resource& resource, const std::vector<std::string>& ids);
 
-// The container's view of `gpus` for the container runtime. `response_id` names the CDI
+// The container's view of `devices` for the container runtime: GPU UUIDs (or indices) and MIG
+// device UUIDs (or <gpu>:<mig> indices) per deviceIDStrategy. `response_id` names the CDI
 // annotation (NVIDIA uses a fresh UUID per response).
+ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfig& config,
+                                   const std::vector<DeviceRef>& devices,
+                                   const std::string& response_id);
+// expose_devices for whole GPUs.
 ContainerAllocation expose_gpus(const Inventory& inventory, const PluginConfig& config,
                                 const std::vector<int>& gpus, const std::string& response_id);
 

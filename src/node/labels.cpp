@@ -8,7 +8,10 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <stdexcept>
+
+#include "mig/catalog.h"
 
 namespace tessera::node {
 namespace {
@@ -18,6 +21,11 @@ const char* gpu_sharing(const ResourceMap& map, int gpu, SharingStrategy strateg
   slices = 1;
   for (const Resource& resource : map.resources) {
     for (const AdvertisedDevice& device : resource.devices) {
+      if (device.gpu == gpu && device.mig >= 0) return "mig";  // served as its MIG devices
+    }
+  }
+  for (const Resource& resource : map.resources) {
+    for (const AdvertisedDevice& device : resource.devices) {
       if (device.gpu != gpu || device.replica < 0) continue;
       slices = resource.replicas;
       if (resource.kind == ResourceKind::slices) return sharing_label(SharingStrategy::slices);
@@ -25,6 +33,38 @@ const char* gpu_sharing(const ResourceMap& map, int gpu, SharingStrategy strateg
     }
   }
   return "none";
+}
+
+// GFD's MIG labels: with `single`, the node's GPUs are its MIG devices (product
+// <model>-MIG-<profile>, their count and memory); with `mixed`, a count, memory and SMs per
+// MIG profile. Either way the node's GPUs are shared by MIG.
+void add_mig_labels(const Inventory& inventory, const PluginConfig& config, Labels& labels) {
+  std::map<std::string, std::vector<const MigDeviceInfo*>> by_profile;
+  for (const GpuInfo& gpu : inventory.gpus) {
+    for (const MigDeviceInfo& device : gpu.mig_devices)
+      by_profile[device.profile].push_back(&device);
+  }
+  if (by_profile.empty() || config.flags.mig_strategy == MigStrategy::none) return;
+  if (config.strategy() == SharingStrategy::none) labels["nvidia.com/gpu.sharing"] = "mig";
+  if (config.flags.mig_strategy == MigStrategy::single) {
+    const MigDeviceInfo& first = *by_profile.begin()->second.front();
+    labels["nvidia.com/gpu.product"] =
+        label_value(product_name(inventory.gpus.front().name) + "-MIG-" +
+                    mig::resource_profile_name(first.profile));
+    labels["nvidia.com/gpu.count"] = std::to_string(by_profile.begin()->second.size());
+    labels["nvidia.com/gpu.memory"] = std::to_string(first.memory_bytes >> 20);
+    if (first.sm_count > 0)
+      labels["nvidia.com/gpu.multiprocessors"] = std::to_string(first.sm_count);
+    return;
+  }
+  for (const auto& [profile, devices] : by_profile) {
+    const std::string prefix = "nvidia.com/mig-" + mig::resource_profile_name(profile);
+    labels[prefix + ".count"] = std::to_string(devices.size());
+    labels[prefix + ".memory"] = std::to_string(devices.front()->memory_bytes >> 20);
+    if (devices.front()->sm_count > 0) {
+      labels[prefix + ".multiprocessors"] = std::to_string(devices.front()->sm_count);
+    }
+  }
 }
 
 }  // namespace
@@ -150,6 +190,7 @@ Labels gpu_labels(const Inventory& inventory, const PluginConfig& config, std::t
     labels["nvidia.com/gpu.compute.major"] = std::to_string(gpu.cc_major);
     labels["nvidia.com/gpu.compute.minor"] = std::to_string(gpu.cc_minor);
   }
+  add_mig_labels(inventory, config, labels);
   if (!config.flags.gfd_no_timestamp) labels["nvidia.com/gfd.timestamp"] = std::to_string(now);
   return labels;
 }
@@ -185,13 +226,23 @@ nlohmann::json gpus_annotation(const Inventory& inventory, const ResourceMap& ma
         served = served || device.gpu == index;
     }
     if (!served) continue;  // not advertised (MIG enabled without devices)
-    gpus.push_back({{"index", gpu.index},
-                    {"uuid", gpu.uuid},
-                    {"model", product_name(gpu.name)},
-                    {"memory_mib", gpu.memory_bytes >> 20},
-                    {"sharing", sharing},
-                    {"slices", slices},
-                    {"healthy", health.healthy(index)}});
+    nlohmann::json entry{{"index", gpu.index},
+                         {"uuid", gpu.uuid},
+                         {"model", product_name(gpu.name)},
+                         {"memory_mib", gpu.memory_bytes >> 20},
+                         {"sharing", sharing},
+                         {"slices", slices},
+                         {"healthy", health.healthy(index)}};
+    if (std::string(sharing) == "mig") {
+      nlohmann::json devices = nlohmann::json::array();
+      for (const MigDeviceInfo& device : gpu.mig_devices) {
+        devices.push_back({{"uuid", device.uuid},
+                           {"profile", device.profile},
+                           {"memory_mib", device.memory_bytes >> 20}});
+      }
+      entry["mig_devices"] = devices;
+    }
+    gpus.push_back(entry);
   }
   return nlohmann::json{{"version", 2}, {"gpus", gpus}};
 }

@@ -182,13 +182,33 @@ MigGpu read_mig_gpu(Nvml& nvml, const GpuInfo& gpu) {
             nvml.nvmlDeviceGetComputeInstanceId(handle, &ci));
     require(nvml, gpu, "nvmlDeviceGetUUID", nvml.nvmlDeviceGetUUID(handle, uuid, sizeof uuid));
     require(nvml, gpu, "nvmlDeviceGetMemoryInfo", nvml.nvmlDeviceGetMemoryInfo(handle, &memory));
+    nvmlDeviceAttributes_t attributes{};
+    const int sms = nvml.nvmlDeviceGetAttributes_v2 != nullptr &&
+                            nvml.nvmlDeviceGetAttributes_v2(handle, &attributes) == NVML_SUCCESS
+                        ? static_cast<int>(attributes.multiprocessorCount)
+                        : 0;
     for (MigInstance& instance : state.instances) {
       if (instance.existing.id != gi) continue;
-      instance.devices.push_back({uuid, ci, memory.total});
+      instance.devices.push_back({uuid, ci, memory.total, sms});
       instance.existing.in_use = instance.existing.in_use || !processes_on(nvml, handle).empty();
     }
   }
   return state;
+}
+
+void add_mig_devices(Nvml& nvml, Inventory& inventory) {
+  for (GpuInfo& gpu : inventory.gpus) {
+    gpu.mig_devices.clear();
+    if (!gpu.mig_enabled) continue;
+    const MigGpu state = read_mig_gpu(nvml, gpu);
+    for (const MigInstance& instance : state.instances) {
+      for (const MigDevice& device : instance.devices) {
+        gpu.mig_devices.push_back({device.uuid, instance.existing.instance.profile->name,
+                                   static_cast<int>(gpu.mig_devices.size()), instance.existing.id,
+                                   device.compute_instance, device.memory_bytes, device.sm_count});
+      }
+    }
+  }
 }
 
 bool set_mig_mode(Nvml& nvml, const MigGpu& gpu, bool enabled) {

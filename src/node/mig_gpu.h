@@ -18,6 +18,7 @@ struct MigDevice {
   std::string uuid;  // "MIG-..."
   unsigned compute_instance = 0;
   std::uint64_t memory_bytes = 0;
+  int sm_count = 0;
 };
 
 struct MigInstance {
@@ -37,6 +38,10 @@ struct MigGpu {
   std::vector<mig::Existing> existing() const;
   mig::Layout layout() const;
 };
+
+// Fills in the MIG devices of every GPU with MIG on, in GPU instance order (as NVIDIA's
+// plugin lists them). Throws std::runtime_error naming the GPU and the call that failed.
+void add_mig_devices(Nvml& nvml, Inventory& inventory);
 
 // Reads one MIG-capable GPU's state. Throws std::runtime_error naming the GPU and the call
 // that failed.

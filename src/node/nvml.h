@@ -41,6 +41,16 @@ class Nvml {
   const char* (*error_string_)(abi::nvmlReturn_t) = nullptr;
 };
 
+// A MIG device of a GPU (one compute instance of a GPU instance).
+struct MigDeviceInfo {
+  std::string uuid;     // "MIG-..."
+  std::string profile;  // "1g.10gb", "1g.10gb+me"
+  int index = 0;        // its place among the GPU's MIG devices: "<gpu>:<index>" names it
+  unsigned gpu_instance = 0, compute_instance = 0;
+  std::uint64_t memory_bytes = 0;
+  int sm_count = 0;
+};
+
 // What the node agent knows of one GPU.
 struct GpuInfo {
   unsigned index = 0;
@@ -53,6 +63,7 @@ struct GpuInfo {
   int numa_node = -1;  // -1: none reported
   bool mig_capable = false;
   bool mig_enabled = false;
+  std::vector<MigDeviceInfo> mig_devices;  // with MIG on (add_mig_devices reads them)
 };
 
 struct Inventory {

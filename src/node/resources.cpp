@@ -3,87 +3,125 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
+
+#include "mig/catalog.h"
 
 namespace tessera::node {
 namespace {
 
 constexpr const char* kGpuResource = "nvidia.com/gpu";
 
-// The GPUs a selection names, in the order of the inventory; throws naming what is not here.
-std::vector<int> selected_gpus(const std::vector<int>& candidates, const Inventory& inventory,
-                               const DeviceSelection& selection, const std::string& where) {
+// A device before sharing: a whole GPU or a MIG device, under the resource that serves it.
+struct Unit {
+  std::string id;  // its UUID
+  int gpu = -1;
+  int mig = -1;
+  std::string index_name;  // "3", or "3:1" for a MIG device
+  int numa_node = -1;
+  std::uint64_t memory_bytes = 0;
+};
+using Units = std::map<std::string, std::vector<Unit>>;  // by the resource they would have
+
+// The units a selection names, in order; throws naming what is not here.
+std::vector<Unit> selected_units(const std::vector<Unit>& candidates,
+                                 const DeviceSelection& selection, const std::string& where) {
   switch (selection.kind) {
     case DeviceSelection::Kind::all:
       return candidates;
     case DeviceSelection::Kind::count:
-      return std::vector<int>(
+      return std::vector<Unit>(
           candidates.begin(),
           candidates.begin() +
               std::min<std::size_t>(candidates.size(), static_cast<std::size_t>(selection.count)));
     case DeviceSelection::Kind::list:
       break;
   }
-  std::set<int> chosen;
+  std::set<std::size_t> chosen;
   for (const std::string& ref : selection.refs) {
-    int found = -1;
-    for (const int gpu : candidates) {
-      const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
-      if (ref == std::to_string(info.index) || ref == info.uuid) found = gpu;
-    }
-    if (found < 0) {
+    const auto found = std::find_if(candidates.begin(), candidates.end(), [&](const Unit& unit) {
+      return ref == unit.index_name || ref == unit.id;
+    });
+    if (found == candidates.end()) {
       const bool mig = ref.find(':') != std::string::npos || ref.rfind("MIG-", 0) == 0;
-      throw ConfigError(fmt::format(
-          "{}: devices: {} {} on this node", where, ref,
-          mig ? "names a MIG device, and none is served here" : "names no GPU shared here"));
+      throw ConfigError(
+          fmt::format("{}: devices: {} {} on this node", where, ref,
+                      mig ? "names no MIG device shared here" : "names no GPU shared here"));
     }
-    chosen.insert(found);
+    chosen.insert(static_cast<std::size_t>(found - candidates.begin()));
   }
-  return {chosen.begin(), chosen.end()};
+  std::vector<Unit> units;
+  for (const std::size_t at : chosen) units.push_back(candidates[at]);
+  return units;
 }
 
-// NVIDIA's MIG strategies, as far as GPUs without MIG devices go: `none` and `mixed` serve
-// every GPU whose MIG mode is off as nvidia.com/gpu; `single` needs every GPU alike.
-std::vector<int> whole_gpus(const Inventory& inventory, const PluginConfig& config,
-                            std::vector<std::string>& notes) {
-  std::vector<int> gpus;
+Unit whole_unit(const GpuInfo& gpu) {
+  return {
+      gpu.uuid,        static_cast<int>(gpu.index), -1, std::to_string(gpu.index), gpu.numa_node,
+      gpu.memory_bytes};
+}
+
+Unit mig_unit(const GpuInfo& gpu, const MigDeviceInfo& device) {
+  return {device.uuid,   static_cast<int>(gpu.index),
+          device.index,  fmt::format("{}:{}", gpu.index, device.index),
+          gpu.numa_node, device.memory_bytes};
+}
+
+// NVIDIA's MIG strategies: which units each resource name starts with. `none` serves every
+// GPU whole; `single` serves MIG devices as nvidia.com/gpu when every GPU has MIG on with one
+// profile; `mixed` serves GPUs with MIG off whole and MIG devices by profile.
+Units units_by_strategy(const Inventory& inventory, const PluginConfig& config) {
+  Units units;
   const auto enabled = std::count_if(inventory.gpus.begin(), inventory.gpus.end(),
                                      [](const GpuInfo& gpu) { return gpu.mig_enabled; });
   const std::string where = config.origin + ": flags.migStrategy";
   switch (config.flags.mig_strategy) {
     case MigStrategy::none:
-      for (const GpuInfo& gpu : inventory.gpus) gpus.push_back(static_cast<int>(gpu.index));
-      return gpus;
-    case MigStrategy::single:
-      if (enabled > 0 && enabled < static_cast<long>(inventory.gpus.size())) {
+      for (const GpuInfo& gpu : inventory.gpus) units[kGpuResource].push_back(whole_unit(gpu));
+      return units;
+    case MigStrategy::single: {
+      if (enabled == 0) {
+        for (const GpuInfo& gpu : inventory.gpus) units[kGpuResource].push_back(whole_unit(gpu));
+        return units;
+      }
+      if (enabled < static_cast<long>(inventory.gpus.size())) {
         throw ConfigError(fmt::format(
             "{}: single: all devices on the node must be configured with the same migEnabled "
             "value",
             where));
       }
-      if (enabled > 0) {
-        for (const GpuInfo& gpu : inventory.gpus) {
-          throw ConfigError(fmt::format(
-              "{}: single: device {} has no MIG devices configured (tessera node does not serve "
-              "MIG devices yet)",
-              where, gpu.index));
+      std::set<std::string> profiles;
+      for (const GpuInfo& gpu : inventory.gpus) {
+        if (gpu.mig_devices.empty()) {
+          throw ConfigError(
+              fmt::format("{}: single: device {} has no MIG devices configured", where, gpu.index));
+        }
+        for (const MigDeviceInfo& device : gpu.mig_devices) {
+          profiles.insert(device.profile);
+          units[kGpuResource].push_back(mig_unit(gpu, device));
         }
       }
-      break;
-    case MigStrategy::mixed:
-      break;
-  }
-  for (const GpuInfo& gpu : inventory.gpus) {
-    if (gpu.mig_enabled) {
-      notes.push_back(
-          fmt::format("GPU {} has MIG enabled and no MIG device is served yet; "
-                      "it is not advertised",
-                      gpu.index));
-      continue;
+      if (profiles.size() > 1) {
+        throw ConfigError(
+            fmt::format("{}: single: more than one MIG device type present on node", where));
+      }
+      return units;
     }
-    gpus.push_back(static_cast<int>(gpu.index));
+    case MigStrategy::mixed:
+      for (const GpuInfo& gpu : inventory.gpus) {
+        if (!gpu.mig_enabled) {
+          units[kGpuResource].push_back(whole_unit(gpu));
+          continue;
+        }
+        for (const MigDeviceInfo& device : gpu.mig_devices) {
+          units["nvidia.com/mig-" + mig::resource_profile_name(device.profile)].push_back(
+              mig_unit(gpu, device));
+        }
+      }
+      return units;
   }
-  return gpus;
+  return units;
 }
 
 Resource& resource_named(ResourceMap& map, const std::string& name, ResourceKind kind) {
@@ -94,16 +132,16 @@ Resource& resource_named(ResourceMap& map, const std::string& name, ResourceKind
   return map.resources.back();
 }
 
-void add_shared(ResourceMap& map, const Inventory& inventory, std::vector<int>& unshared,
-                const SharedResources& section, const SharedResource& shared, ResourceKind kind,
-                const std::string& where) {
-  if (shared.name != kGpuResource) {
+void add_shared(ResourceMap& map, Units& units, const SharedResources& section,
+                const SharedResource& shared, ResourceKind kind, const std::string& where) {
+  const auto pool = units.find(shared.name);
+  if (pool == units.end()) {
     map.notes.push_back(
         fmt::format("{}: {} matches no device on this node; skipped", where, shared.name));
     return;  // MIG resources on a node without MIG devices, as NVIDIA's plugin skips them
   }
-  const std::vector<int> gpus = selected_gpus(unshared, inventory, shared.devices, where);
-  if (gpus.empty()) return;
+  const std::vector<Unit> chosen = selected_units(pool->second, shared.devices, where);
+  if (chosen.empty()) return;
   std::string name = shared.rename;
   if (name.empty() && section.rename_by_default) name = shared.name + ".shared";
   if (name.empty()) name = shared.name;
@@ -115,21 +153,25 @@ void add_shared(ResourceMap& map, const Inventory& inventory, std::vector<int>& 
   resource.fail_requests_greater_than_one = section.fail_requests_greater_than_one;
   resource.memory_per_slice = shared.memory_per_slice;
   resource.cores_per_slice = shared.cores_per_slice;
-  for (const int gpu : gpus) {
-    const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
-    if (kind == ResourceKind::slices && shared.memory_per_slice > info.memory_bytes) {
+  for (const Unit& unit : chosen) {
+    if (kind == ResourceKind::slices && unit.mig >= 0) {
+      throw ConfigError(fmt::format(
+          "{}: {}: slices of MIG devices are not served; share MIG devices with timeSlicing", where,
+          unit.id));
+    }
+    if (kind == ResourceKind::slices && shared.memory_per_slice > unit.memory_bytes) {
       throw ConfigError(fmt::format("{}: memoryPerSlice is more than GPU {} has ({} MiB)", where,
-                                    info.index, info.memory_bytes >> 20));
+                                    unit.index_name, unit.memory_bytes >> 20));
     }
     for (int replica = 0; replica < shared.replicas; ++replica) {
-      const std::string id = fmt::format("{}::{}", info.uuid, replica);
+      const std::string id = fmt::format("{}::{}", unit.id, replica);
       if (id.size() > kMostDeviceIdLength) {
         throw ConfigError(fmt::format("{}: device ID {} is longer than the kubelet takes ({})",
                                       where, id, kMostDeviceIdLength));
       }
-      resource.devices.push_back(AdvertisedDevice{id, gpu, replica, info.numa_node});
+      resource.devices.push_back(AdvertisedDevice{id, unit.gpu, replica, unit.numa_node, unit.mig});
     }
-    unshared.erase(std::remove(unshared.begin(), unshared.end(), gpu), unshared.end());
+    std::erase_if(pool->second, [&](const Unit& left) { return left.id == unit.id; });
   }
 }
 
@@ -170,26 +212,35 @@ ResourceMap build_resource_map(const Inventory& inventory, const PluginConfig& c
         config.origin));
   }
   ResourceMap map;
-  std::vector<int> unshared = whole_gpus(inventory, config, map.notes);
+  Units units = units_by_strategy(inventory, config);
+  for (const GpuInfo& gpu : inventory.gpus) {
+    if (gpu.mig_enabled && config.flags.mig_strategy == MigStrategy::none) {
+      map.notes.push_back(fmt::format(
+          "GPU {} has MIG on and migStrategy is none: served whole, as NVIDIA's plugin does",
+          gpu.index));
+    }
+    if (gpu.mig_enabled && config.flags.mig_strategy == MigStrategy::mixed &&
+        gpu.mig_devices.empty()) {
+      map.notes.push_back(fmt::format("GPU {} has MIG on and no MIG devices", gpu.index));
+    }
+  }
   const SharedResources& replicated = config.replicated();
   const char* section = config.mps.present ? "sharing.mps" : "sharing.timeSlicing";
   for (std::size_t i = 0; i < replicated.resources.size(); ++i) {
-    add_shared(map, inventory, unshared, replicated, replicated.resources[i],
-               ResourceKind::replicated,
+    add_shared(map, units, replicated, replicated.resources[i], ResourceKind::replicated,
                fmt::format("{}: {}.resources[{}]", config.origin, section, i));
   }
   for (std::size_t i = 0; i < config.slices.resources.size(); ++i) {
-    add_shared(map, inventory, unshared, config.slices, config.slices.resources[i],
-               ResourceKind::slices,
+    add_shared(map, units, config.slices, config.slices.resources[i], ResourceKind::slices,
                fmt::format("{}: sharing.slices.resources[{}]", config.origin, i));
   }
-  // What no sharing took stays whole under nvidia.com/gpu, as NVIDIA's plugin leaves it: beside
+  // What no sharing took stays whole under its own name, as NVIDIA's plugin leaves it: beside
   // the replicas in one resource when these are not renamed.
-  if (!unshared.empty()) {
-    Resource& whole = resource_named(map, kGpuResource, ResourceKind::whole);
-    for (const int gpu : unshared) {
-      const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
-      whole.devices.push_back(AdvertisedDevice{info.uuid, gpu, -1, info.numa_node});
+  for (const auto& [name, left] : units) {
+    if (left.empty()) continue;
+    Resource& whole = resource_named(map, name, ResourceKind::whole);
+    for (const Unit& unit : left) {
+      whole.devices.push_back(AdvertisedDevice{unit.id, unit.gpu, -1, unit.numa_node, unit.mig});
     }
   }
   std::sort(map.resources.begin(), map.resources.end(),

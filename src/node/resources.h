@@ -19,8 +19,9 @@ enum class ResourceKind { whole, replicated, slices };
 struct AdvertisedDevice {
   std::string id;    // what the kubelet sees
   int gpu = -1;      // the inventory's index of the GPU behind it
-  int replica = -1;  // -1 for a whole GPU
+  int replica = -1;  // -1 for a whole GPU (or MIG device)
   int numa_node = -1;
+  int mig = -1;  // the GPU's MIG device (GpuInfo::mig_devices) it stands for; -1: the GPU
 };
 
 struct Resource {
@@ -43,6 +44,9 @@ struct ResourceMap {
   const Resource* find(const std::string& name) const;
 };
 
+// MIG devices are served per the config's migStrategy: `none` ignores them, `single` serves
+// them as nvidia.com/gpu, `mixed` as nvidia.com/mig-<profile> ("+me" as ".me"); time-slicing
+// shares them under those names as NVIDIA's plugin does.
 // Throws ConfigError naming the config's file and field, with NVIDIA's message where NVIDIA
 // refuses the same thing at start (MIG strategies, devices a selection names that are not here).
 ResourceMap build_resource_map(const Inventory& inventory, const PluginConfig& config);
