@@ -152,6 +152,9 @@ TEST_F(SimulatedDriver, WaitingForACapturedEventBreaksTheCapture) {
   auto begin = get<PFN_cuStreamBeginCapture_v2>("cuStreamBeginCapture_v2");
   auto end = get<PFN_cuStreamEndCapture>("cuStreamEndCapture");
   auto capturing = get<PFN_cuStreamIsCapturing>("cuStreamIsCapturing");
+  auto destroy_graph = get<PFN_cuGraphDestroy>("cuGraphDestroy");
+  auto destroy_event = get<PFN_cuEventDestroy_v2>("cuEventDestroy_v2");
+  auto destroy_stream = get<PFN_cuStreamDestroy_v2>("cuStreamDestroy_v2");
   ASSERT_EQ(init(0), CUDA_SUCCESS);
   CUcontext context = nullptr;
   ASSERT_EQ(retain(&context, 0), CUDA_SUCCESS);
@@ -175,6 +178,9 @@ TEST_F(SimulatedDriver, WaitingForACapturedEventBreaksTheCapture) {
     EXPECT_EQ(end(stream, &graph),
               touch_event ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS);
     EXPECT_EQ(graph == nullptr, touch_event);
+    if (graph != nullptr) {
+      EXPECT_EQ(destroy_graph(graph), CUDA_SUCCESS);
+    }
     // The event stays a captured one until it is recorded outside a capture again.
     EXPECT_EQ(query(event), CUDA_ERROR_CAPTURED_EVENT);
     ASSERT_EQ(capturing(stream, &status), CUDA_SUCCESS);
@@ -182,6 +188,8 @@ TEST_F(SimulatedDriver, WaitingForACapturedEventBreaksTheCapture) {
   }
   ASSERT_EQ(record(event, stream), CUDA_SUCCESS);
   EXPECT_EQ(synchronize(event), CUDA_SUCCESS);
+  EXPECT_EQ(destroy_event(event), CUDA_SUCCESS);
+  EXPECT_EQ(destroy_stream(stream), CUDA_SUCCESS);
 }
 
 Environment simulated(const ScratchDirectory& scratch, const Environment& extra = {}) {
