@@ -288,6 +288,8 @@ constexpr unsigned long long kOurDoubleBit = t::nvmlEventTypeDoubleBitEccError;
 constexpr unsigned long long kOurSingleBit = t::nvmlEventTypeSingleBitEccError;
 constexpr unsigned kOurMigEnable = t::NVML_DEVICE_MIG_ENABLE;
 constexpr unsigned kOurProfileInfoV2 = t::nvmlGpuInstanceProfileInfo_v2;
+constexpr unsigned kOurComputeProfileInfoV2 = t::nvmlComputeInstanceProfileInfo_v2;
+constexpr unsigned kOurSharedEngines = t::NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED;
 }  // namespace
 #include <nvml.h>
 namespace {
@@ -346,6 +348,23 @@ TEST(AbiCheck, NvmlEntryPointsStructsAndConstantsMatchNvidias) {
             offsetof(::nvmlGpuInstanceProfileInfo_v2_t, name));
   EXPECT_EQ(kOurProfileInfoV2, static_cast<unsigned>(nvmlGpuInstanceProfileInfo_v2));
   EXPECT_EQ(sizeof(t::nvmlGpuInstancePlacement_t), sizeof(::nvmlGpuInstancePlacement_t));
+#define NVML_MIG_SIGNATURE(name, params) NVML_SIGNATURE(name, name);
+  TESSERA_NVML_MIG(NVML_MIG_SIGNATURE)
+#undef NVML_MIG_SIGNATURE
+  EXPECT_EQ(sizeof(t::nvmlGpuInstanceInfo_t), sizeof(::nvmlGpuInstanceInfo_t));
+  EXPECT_EQ(offsetof(t::nvmlGpuInstanceInfo_t, placement),
+            offsetof(::nvmlGpuInstanceInfo_t, placement));
+  EXPECT_EQ(sizeof(t::nvmlComputeInstanceInfo_t), sizeof(::nvmlComputeInstanceInfo_t));
+  EXPECT_EQ(offsetof(t::nvmlComputeInstanceInfo_t, placement),
+            offsetof(::nvmlComputeInstanceInfo_t, placement));
+  EXPECT_EQ(sizeof(t::nvmlComputeInstanceProfileInfo_v2_t),
+            sizeof(::nvmlComputeInstanceProfileInfo_v2_t));
+  EXPECT_EQ(kOurComputeProfileInfoV2, static_cast<unsigned>(nvmlComputeInstanceProfileInfo_v2));
+  EXPECT_EQ(t::NVML_ERROR_RESET_REQUIRED, ::NVML_ERROR_RESET_REQUIRED);
+  EXPECT_EQ(t::NVML_ERROR_IN_USE, ::NVML_ERROR_IN_USE);
+  EXPECT_EQ(t::NVML_ERROR_INSUFFICIENT_RESOURCES, ::NVML_ERROR_INSUFFICIENT_RESOURCES);
+  EXPECT_EQ(t::NVML_ERROR_INVALID_STATE, ::NVML_ERROR_INVALID_STATE);
+  EXPECT_EQ(kOurSharedEngines, static_cast<unsigned>(NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED));
 }
 #endif
 

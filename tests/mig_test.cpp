@@ -558,6 +558,24 @@ TEST(MigCommand, BadConfigsAndArgumentsAreRefusedByName) {
       << done.out;
 }
 
+// One config for two models, its entries chosen by PCI device ID: each GPU gets its own.
+TEST(MigCommand, DeviceFiltersGiveEachModelItsOwnLayout) {
+  MigMachine machine;
+  machine.environment["TESSERA_SIM_DEVICES"] = "A100-80GB;H200";
+  const std::string fleet = std::string(TESSERA_SOURCE_DIR) + "/examples/mig/by-model.yaml";
+  const std::vector<std::string> apply = {"apply", "-f", fleet, "-c", "half-and-half"};
+  ASSERT_EQ(machine.mig(apply).exit_code, 3);
+  ASSERT_EQ(machine.reset(0).exit_code, 0);
+  ASSERT_EQ(machine.reset(1).exit_code, 0);
+  const Finished done = machine.mig(apply);
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  const std::string shown = machine.mig({"show"}).out;
+  EXPECT_EQ(lines_with(shown, " 1g.10gb "), 4) << shown;
+  EXPECT_EQ(lines_with(shown, " 3g.40gb "), 1) << shown;
+  EXPECT_EQ(lines_with(shown, " 1g.18gb "), 4) << shown;
+  EXPECT_EQ(lines_with(shown, " 3g.71gb "), 1) << shown;
+}
+
 TEST(MigAdvisor, ThePlacedJobsFitTheirInstancesAndEveryLayoutIsLegal) {
   const GpuModel& a100 = model("A100-80GB");
   std::vector<Job> jobs;

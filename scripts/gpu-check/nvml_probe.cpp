@@ -7,6 +7,8 @@
 
 #include "mig/catalog.h"
 #include "mig/nvml_catalog.h"
+#include "mig/planner.h"
+#include "node/mig_gpu.h"
 #include "node/nvml.h"
 
 using namespace tessera;
@@ -71,6 +73,22 @@ int main(int argc, char** argv) {
       std::printf("\nmig_catalog=%s: %zu difference(s) from the built-in catalog\n",
                   builtin->key.c_str(), differences.size());
       for (const std::string& difference : differences) std::printf("  %s\n", difference.c_str());
+    }
+    // tessera mig's view of GPU 0 (read-only: nothing is created or changed), and where the
+    // planner would put 3g + 2g + 2g on the catalog NVML reported.
+    if (inventory.gpus[0].mig_capable) {
+      const node::MigGpu state = node::read_mig_gpu(nvml, inventory.gpus[0]);
+      std::printf("mig_mode=%s pending=%s pci_device_id=0x%08X processes=%zu\n",
+                  state.enabled ? "on" : "off", state.pending_enabled ? "on" : "off",
+                  state.pci_device_id, state.processes.size());
+      mig::ProfileCounts wanted;
+      for (const mig::Profile& profile : state.model->profiles) {
+        if (profile.compute_slices == 3) wanted[profile.name] = 1;
+        if (profile.compute_slices == 2) wanted[profile.name] = 2;
+      }
+      const mig::Plan plan = mig::place(*state.model, wanted);
+      std::printf("mig_plan=%s\n  %s\n", plan.found ? "found" : plan.why.c_str(),
+                  mig::picture(*state.model, plan.layout).c_str());
     }
   } catch (const std::exception& error) {
     std::printf("error=%s\n", error.what());

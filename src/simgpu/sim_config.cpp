@@ -25,7 +25,8 @@ struct Preset {
   std::uint64_t memory_bytes;
   int sm_count, cc_major, cc_minor;
   std::uint64_t context_bytes;
-  int mig_family;  // sim_nvml.cpp's MIG profile tables: -1 none
+  int mig_family;               // sim_nvml_mig.cpp's MIG profile tables: -1 none
+  std::uint32_t pci_device_id;  // device << 16 | NVIDIA's vendor ID, as mig-parted filters
 };
 
 // Memory as the driver reports it (a little under the marketing figure). A context's cost is
@@ -33,13 +34,14 @@ struct Preset {
 // lazy loading: a few hundred MiB, more on larger parts (it is mostly per-SM local memory
 // and the driver's own reservations). Not exact figures: `context=` sets a measured one.
 constexpr Preset kPresets[] = {
-    {"H100", "NVIDIA H100 80GB HBM3", 81559 * kMiB, 132, 9, 0, 512 * kMiB, kMigH100},
-    {"H200", "NVIDIA H200", 143771 * kMiB, 132, 9, 0, 512 * kMiB, kMigH200},
-    {"A100", "NVIDIA A100-SXM4-40GB", 40536 * kMiB, 108, 8, 0, 416 * kMiB, kMigA100_40},
-    {"A100-80GB", "NVIDIA A100-SXM4-80GB", 81920 * kMiB, 108, 8, 0, 416 * kMiB, kMigA100_80},
-    {"A30", "NVIDIA A30", 24576 * kMiB, 56, 8, 0, 320 * kMiB, kMigA30},
-    {"T4", "Tesla T4", 15360 * kMiB, 40, 7, 5, 256 * kMiB, -1},
-    {"V100", "Tesla V100-SXM2-32GB", 32 * kGiB, 80, 7, 0, 304 * kMiB, -1},
+    {"H100", "NVIDIA H100 80GB HBM3", 81559 * kMiB, 132, 9, 0, 512 * kMiB, kMigH100, 0x233010DE},
+    {"H200", "NVIDIA H200", 143771 * kMiB, 132, 9, 0, 512 * kMiB, kMigH200, 0x233510DE},
+    {"A100", "NVIDIA A100-SXM4-40GB", 40536 * kMiB, 108, 8, 0, 416 * kMiB, kMigA100_40, 0x20B010DE},
+    {"A100-80GB", "NVIDIA A100-SXM4-80GB", 81920 * kMiB, 108, 8, 0, 416 * kMiB, kMigA100_80,
+     0x20B210DE},
+    {"A30", "NVIDIA A30", 24576 * kMiB, 56, 8, 0, 320 * kMiB, kMigA30, 0x20B710DE},
+    {"T4", "Tesla T4", 15360 * kMiB, 40, 7, 5, 256 * kMiB, -1, 0x1EB810DE},
+    {"V100", "Tesla V100-SXM2-32GB", 32 * kGiB, 80, 7, 0, 304 * kMiB, -1, 0x1DB510DE},
 };
 
 void trim(std::string_view& text) {
@@ -79,6 +81,7 @@ bool parse_device(std::string_view entry, const char* origin, int index, DeviceS
   device.context_bytes = preset->context_bytes;
   device.numa_node = -1;
   device.mig_family = preset->mig_family;
+  device.pci_device_id = preset->pci_device_id;
   std::snprintf(device.uuid, sizeof device.uuid, "GPU-7e55e7a0-0000-4000-8000-%012x", index);
   std::snprintf(device.pci_bus_id, sizeof device.pci_bus_id, "00000000:%02X:00.0", 0x10 + index);
   while (comma != std::string_view::npos) {

@@ -32,6 +32,7 @@ struct DeviceSpec {
   int cc_minor;
   int numa_node;   // -1: not reported
   int mig_family;  // which of the simulated GPU's MIG profile tables it has; -1: no MIG
+  std::uint32_t pci_device_id;  // device << 16 | vendor (0x10DE)
 };
 
 struct MachineSpec {

@@ -324,7 +324,7 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo
   pci->domain = domain;
   pci->bus = bus;
   pci->device = slot;
-  pci->pciDeviceId = 0x233010DE;  // an H100's device id, NVIDIA's vendor id
+  pci->pciDeviceId = machine().spec().devices[index].pci_device_id;
   std::snprintf(pci->busId, sizeof pci->busId, "%s", bus_id);
   std::snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", domain, bus, slot,
                 function);
