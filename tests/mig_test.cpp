@@ -607,6 +607,47 @@ TEST(MigAdvisor, ThePlacedJobsFitTheirInstancesAndEveryLayoutIsLegal) {
   EXPECT_TRUE(sevens.unplaced.empty());
 }
 
+TEST(MigCommand, AdviseReadsAPodListOfMigAndHamiPods) {
+  MigMachine machine;
+  const std::string pods = machine.scratch.file("pods.json");
+  std::FILE* file = std::fopen(pods.c_str(), "w");
+  std::fputs(R"({"kind": "List", "items": [
+    {"kind": "Pod", "metadata": {"name": "mig-pod", "namespace": "a", "uid": "1"},
+     "spec": {"containers": [{"name": "c",
+       "resources": {"limits": {"nvidia.com/mig-3g.40gb": 1, "nvidia.com/mig-1g.10gb.me": "1"}}}]}},
+    {"kind": "Pod", "metadata": {"name": "hami", "namespace": "a", "uid": "2"},
+     "spec": {"containers": [{"name": "c", "resources": {"limits":
+       {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 15000, "nvidia.com/gpucores": 10}}}]}},
+    {"kind": "Pod", "metadata": {"name": "cpu", "namespace": "a", "uid": "3"},
+     "spec": {"containers": [{"name": "c"}]}}]})",
+             file);
+  std::fclose(file);
+  // 3g (4 memory slices) + 1g.10gb+me (1) + two 1g.20gb (2 each): 9 slices, two GPUs.
+  Finished done = machine.mig({"advise", "--model", "A100-80GB", "--pods", pods, "--gpus", "2"});
+  ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
+  EXPECT_NE(done.out.find("a/mig-pod x1 on 3g.40gb"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("a/mig-pod x1 on 1g.10gb+me"), std::string::npos) << done.out;
+  // 15000 MiB and 10 % of the cores: a 1g.20gb (two memory slices, one compute slice) each.
+  EXPECT_NE(done.out.find("a/hami x2 on 1g.20gb"), std::string::npos) << done.out;
+  // A profile the model lacks, and a file that is not JSON, are refused by name.
+  file = std::fopen(pods.c_str(), "w");
+  std::fputs(R"({"kind": "Pod", "metadata": {"name": "p", "namespace": "a", "uid": "1"},
+    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/mig-9g.1tb": 1}}}]}})",
+             file);
+  std::fclose(file);
+  done = machine.mig({"advise", "--model", "A100-80GB", "--pods", pods});
+  EXPECT_EQ(done.exit_code, 2);
+  EXPECT_NE(done.err.find("pod a/p: nvidia.com/mig-9g.1tb: no A100-80GB profile of that name"),
+            std::string::npos)
+      << done.err;
+  file = std::fopen(pods.c_str(), "w");
+  std::fputs("{not json", file);
+  std::fclose(file);
+  done = machine.mig({"advise", "--model", "A100-80GB", "--pods", pods});
+  EXPECT_EQ(done.exit_code, 2);
+  EXPECT_NE(done.err.find("pods.json: not JSON"), std::string::npos) << done.err;
+}
+
 TEST(MigCommand, AdviseWritesALayoutThatPlanAccepts) {
   MigMachine machine;
   const Finished done = machine.mig(

@@ -106,6 +106,7 @@ struct MigOptions {
   std::vector<int> devices;       // GPUs to act on (default: all)
   bool force = false;             // destroy GPU instances in use
   std::vector<std::string> jobs;  // advise: COUNTxMEMORY[@COMPUTE_SLICES]
+  std::string pods;               // advise: a pod list (JSON), each pod's GPU asks as jobs
   int gpus = 1;                   // advise: how many GPUs
 };
 int mig_command(const MigOptions& options);

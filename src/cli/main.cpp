@@ -160,6 +160,9 @@ int main(int argc, char** argv) {
     if (std::string(action) == "advise") {
       command->add_option("--job", mig.jobs,
                           "COUNTxMEMORY[@COMPUTE_SLICES], e.g. 3x9GiB (repeatable)");
+      command->add_option("--pods", mig.pods,
+                          "A pod list (kubectl get pods -o json): MIG profiles, or HAMi's "
+                          "gpumem and gpucores, or whole GPUs");
       command->add_option("--gpus", mig.gpus, "How many GPUs")->check(CLI::Range(1, 64));
     }
   }

@@ -11,6 +11,8 @@
 #include "cli/commands.h"
 #include "cli/environment.h"
 #include "common/units.h"
+#include "kube/json_input.h"
+#include "kube/objects.h"
 #include "mig/advisor.h"
 #include "mig/parted_config.h"
 #include "node/mig_gpu.h"
@@ -247,13 +249,94 @@ void add_jobs(const std::string& text, std::vector<mig::Job>& jobs) {
   }
 }
 
+// Jobs from a pod list (kubectl get pods -o json: a Pod, a List, or an array): a MIG pod's
+// profile (nvidia.com/mig-<profile>), or HAMi's nvidia.com/gpumem[-percentage] and gpucores
+// per GPU, or a whole GPU.
+void add_pod_jobs(const std::string& path, const mig::GpuModel& model,
+                  std::vector<mig::Job>& jobs) {
+  nlohmann::json document;
+  try {
+    document = kube::parse_outside_json(read_config_file(path));
+  } catch (const std::exception& error) {
+    throw UsageError(fmt::format("{}: not JSON: {}", path, error.what()));
+  }
+  const nlohmann::json items = document.is_array() ? document
+                               : document.is_object() && document.contains("items")
+                                   ? document["items"]
+                                   : nlohmann::json::array({document});
+  if (!items.is_array()) throw UsageError(fmt::format("{}: items must be a list of pods", path));
+  const mig::Profile* whole = nullptr;
+  for (const mig::Profile& profile : model.profiles) {
+    if (whole == nullptr || profile.memory_mib > whole->memory_mib) whole = &profile;
+  }
+  for (const nlohmann::json& item : items) {
+    kube::PodRequest pod;
+    try {
+      pod = kube::pod_from_json(item);
+    } catch (const std::exception& error) {
+      throw UsageError(fmt::format("{}: {}", path, error.what()));
+    }
+    const std::string name = pod.namespace_name + "/" + pod.name;
+    // MIG profiles asked for by name, container by container.
+    bool asked_mig = false;
+    const nlohmann::json spec =
+        item.is_object() ? item.value("spec", nlohmann::json::object()) : nlohmann::json::object();
+    const nlohmann::json containers = spec.is_object()
+                                          ? spec.value("containers", nlohmann::json::array())
+                                          : nlohmann::json::array();
+    for (const nlohmann::json& container : containers) {
+      const nlohmann::json* limits = nullptr;
+      if (container.is_object() && container.contains("resources") &&
+          container["resources"].is_object() && container["resources"].contains("limits") &&
+          container["resources"]["limits"].is_object()) {
+        limits = &container["resources"]["limits"];
+      }
+      if (limits == nullptr) continue;
+      for (const auto& [resource, value] : limits->items()) {
+        if (resource.rfind("nvidia.com/mig-", 0) != 0) continue;
+        const std::string wanted = resource.substr(15);
+        const mig::Profile* profile = nullptr;
+        for (const mig::Profile& candidate : model.profiles) {
+          if (mig::resource_profile_name(candidate.name) == wanted) profile = &candidate;
+        }
+        const long count = value.is_number_integer() ? value.get<long>()
+                           : value.is_string()
+                               ? std::strtol(value.get<std::string>().c_str(), nullptr, 10)
+                               : 0;
+        if (profile == nullptr || count < 1 || count > 64) {
+          throw UsageError(fmt::format("{}: pod {}: {}: no {} profile of that name, or a bad count",
+                                       path, name, resource, model.key));
+        }
+        for (long i = 0; i < count; ++i) {
+          jobs.push_back({name, profile->memory_mib, profile->compute_slices, profile->media});
+        }
+        asked_mig = true;
+      }
+    }
+    if (asked_mig || pod.gpus == 0) continue;
+    std::uint64_t memory = whole->memory_mib;
+    if (pod.gpumem_mib > 0) memory = static_cast<std::uint64_t>(pod.gpumem_mib);
+    if (pod.gpumem_percent > 0)
+      memory = whole->memory_mib * static_cast<std::uint64_t>(pod.gpumem_percent) / 100;
+    const int slices =
+        pod.gpucores > 0 ? std::max(1, (pod.gpucores * whole->compute_slices + 99) / 100) : 1;
+    const bool fractional = pod.gpumem_mib > 0 || pod.gpumem_percent > 0 || pod.gpucores > 0;
+    for (int i = 0; i < pod.gpus; ++i) {
+      jobs.push_back({name, memory, fractional ? slices : whole->compute_slices});
+    }
+  }
+}
+
 int advise(const MigOptions& options) {
   const mig::GpuModel* model = mig::find_model(options.model);
   if (model == nullptr)
     throw UsageError(fmt::format("--model '{}': not a MIG GPU Tessera knows", options.model));
-  if (options.jobs.empty()) throw UsageError("say what runs: --job COUNTxMEMORY[@COMPUTE_SLICES]");
+  if (options.jobs.empty() && options.pods.empty()) {
+    throw UsageError("say what runs: --job COUNTxMEMORY[@COMPUTE_SLICES], or --pods FILE");
+  }
   std::vector<mig::Job> jobs;
   for (const std::string& text : options.jobs) add_jobs(text, jobs);
+  if (!options.pods.empty()) add_pod_jobs(options.pods, *model, jobs);
   if (jobs.size() > 1000) throw UsageError("more than 1000 jobs");
   const mig::Advice advice = mig::advise(*model, jobs, options.gpus);
   for (std::size_t i = 0; i < advice.gpus.size(); ++i) {

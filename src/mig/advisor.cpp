@@ -29,7 +29,8 @@ std::vector<Layout> every_layout(const GpuModel& model) {
 namespace {
 
 bool holds(const Profile& profile, const Job& job) {
-  return profile.memory_mib >= job.memory_mib && profile.compute_slices >= job.compute_slices;
+  return profile.memory_mib >= job.memory_mib && profile.compute_slices >= job.compute_slices &&
+         (profile.media || !job.media);
 }
 
 // The jobs (largest first) each on the smallest free instance that holds it.
@@ -52,6 +53,7 @@ GpuAdvice fill(const GpuModel& model, const Layout& layout, const std::vector<co
     for (auto slot = free.begin(); slot != free.end(); ++slot) {
       if (holds(**slot, *jobs[j])) {
         advice.placed.emplace_back(jobs[j]->name, *slot);
+        advice.placed_mib += jobs[j]->memory_mib;
         taken[j] = true;
         free.erase(slot);
         break;
@@ -95,6 +97,7 @@ Advice advise(const GpuModel& model, const std::vector<Job>& jobs, int gpus) {
         if (!have) return true;
         if (candidate.placed.size() != best.placed.size())
           return candidate.placed.size() > best.placed.size();
+        if (candidate.placed_mib != best.placed_mib) return candidate.placed_mib > best.placed_mib;
         if (candidate.idle.size() != best.idle.size())
           return candidate.idle.size() < best.idle.size();
         return candidate.free_memory_slices > best.free_memory_slices;
