@@ -26,6 +26,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (node.spec.gpus < 0 || node.spec.gpus > kMaxGpusPerNode) broken("node GPU count");
     if (node.spec.cpu_milli < 0 || node.spec.memory_mib < 0) broken("node capacity");
     if (node.spec.name.size() > kMostNameLength) broken("node name length");
+    if (node.mig_devices.size() > 16) broken("node MIG profiles");
+    for (const auto& [profile, count] : node.mig_devices) {
+      if (profile.empty() || profile.size() > 32 || count < 1) broken("node MIG devices");
+    }
   } catch (const std::runtime_error&) {
   }
   try {
@@ -36,6 +40,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (pod.gpumem_percent < 0 || pod.gpumem_percent > 100 || pod.gpucores < 0 ||
         pod.gpucores > 100) {
       broken("pod percentages");
+    }
+    if (pod.mig.size() > 16) broken("pod MIG profiles");
+    for (const auto& [profile, count] : pod.mig) {
+      if (profile.empty() || profile.size() > 32 || count < 0) broken("pod MIG request");
     }
   } catch (const std::runtime_error&) {
   }

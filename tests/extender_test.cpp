@@ -401,6 +401,75 @@ TEST_F(Extender, BindRecordsTheGpusOnThePodAndCreatesTheBinding) {
             std::string::npos);
 }
 
+// A node whose GPU 0 is cut into MIG devices (the node agent's mixed strategy) and GPU 1 whole.
+nlohmann::json mig_node(const std::string& name) {
+  const nlohmann::json gpus = {
+      {"version", 2},
+      {"gpus",
+       {{{"index", 0},
+         {"uuid", "GPU-mig"},
+         {"model", "NVIDIA-A100-SXM4-80GB"},
+         {"memory_mib", 81920},
+         {"sharing", "mig"},
+         {"slices", 1},
+         {"healthy", true},
+         {"mig_devices",
+          {{{"uuid", "MIG-a"}, {"profile", "1g.10gb"}, {"memory_mib", 9728}},
+           {{"uuid", "MIG-b"}, {"profile", "1g.10gb"}, {"memory_mib", 9728}},
+           {{"uuid", "MIG-c"}, {"profile", "1g.10gb+me"}, {"memory_mib", 9728}}}}},
+        {{"index", 1},
+         {"uuid", "GPU-whole"},
+         {"model", "NVIDIA-A100-SXM4-80GB"},
+         {"memory_mib", 81920},
+         {"sharing", "none"},
+         {"slices", 1},
+         {"healthy", true}}}}};
+  return {{"metadata", {{"name", name}, {"annotations", {{"tessera.io/gpus", gpus.dump()}}}}},
+          {"status", {{"allocatable", {{"cpu", "64"}, {"memory", "512Gi"}}}}}};
+}
+
+TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
+  api_.push("nodes", {{"type", "ADDED"}, {"object", mig_node("mig-a")}});
+  const auto filter = [&](const std::string& name, const nlohmann::json& limits) {
+    return post("filter", {{"Pod", pod(name, limits)}, {"NodeNames", {"mig-a", "gpu-a"}}});
+  };
+  ASSERT_TRUE(eventually([&] {
+    return filter("m0", {{"nvidia.com/mig-1g.10gb", "1"}})["NodeNames"] ==
+           nlohmann::json::array({"mig-a"});
+  }));
+  EXPECT_EQ(filter("m0", {{"nvidia.com/mig-1g.10gb", "1"}})["FailedNodes"]["gpu-a"],
+            "has 0 nvidia.com/mig-1g.10gb free; asks 1");
+  EXPECT_EQ(filter("me", {{"nvidia.com/mig-1g.10gb.me", "1"}})["NodeNames"],
+            nlohmann::json::array({"mig-a"}));
+  EXPECT_EQ(filter("big", {{"nvidia.com/mig-3g.40gb", "1"}})["FailedNodes"]["mig-a"],
+            "has 0 nvidia.com/mig-3g.40gb free; asks 1");
+  // Two 1g pods bound: the third finds none free, and the whole GPU still takes a GPU pod.
+  filter("m1", {{"nvidia.com/mig-1g.10gb", "1"}});
+  filter("m2", {{"nvidia.com/mig-1g.10gb", "1"}});
+  filter("m3", {{"nvidia.com/mig-1g.10gb", "1"}});
+  EXPECT_EQ(bind("m1", "mig-a")["Error"], "");
+  EXPECT_EQ(bind("m2", "mig-a")["Error"], "");
+  EXPECT_NE(bind("m3", "mig-a")["Error"].get<std::string>().find(
+                "has 0 nvidia.com/mig-1g.10gb free; asks 1"),
+            std::string::npos);
+  EXPECT_TRUE(whole_gpus_fit(1, "mig-a"));
+  EXPECT_FALSE(whole_gpus_fit(2, "mig-a"));  // GPU 0 is MIG's
+  // A bound MIG pod that ends gives its device back.
+  nlohmann::json ended = pod("m1", {{"nvidia.com/mig-1g.10gb", "1"}});
+  ended["spec"]["nodeName"] = "mig-a";
+  ended["status"]["phase"] = "Succeeded";
+  api_.push("pods", {{"type", "MODIFIED"}, {"object", ended}});
+  EXPECT_TRUE(eventually([&] {
+    return filter("m4", {{"nvidia.com/mig-1g.10gb", "1"}})["NodeNames"] ==
+           nlohmann::json::array({"mig-a"});
+  }));
+  // A count that is not one is refused with the pod's name.
+  const auto bad = post(
+      "filter",
+      {{"Pod", pod("m5", {{"nvidia.com/mig-1g.10gb", "lots"}})}, {"NodeNames", {"mig-a"}}}, 400);
+  EXPECT_NE(bad.dump().find("is not a count of MIG devices"), std::string::npos) << bad.dump();
+}
+
 TEST_F(Extender, ConcurrentBindsNeverOverbookANode) {
   // gpu-c has two free GPUs; eight whole-GPU pods race for them.
   for (int i = 0; i < 8; ++i) {

@@ -44,8 +44,29 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       throw std::runtime_error("a GPU without sharing (none, slices, timeslice, mps or mig)");
     }
     const std::string& mode = sharing->get_ref<const std::string&>();
-    // MIG devices are the kubelet's to count, by profile, as replicas are.
-    if (mode == "timeslice" || mode == "mps" || mode == "mig") continue;
+    // MIG devices are the kubelet's to hand out, by profile: counted here for the filter.
+    if (mode == "mig") {
+      const auto devices = gpu.find("mig_devices");
+      if (devices == gpu.end() || !devices->is_array() || devices->size() > 8) {
+        throw std::runtime_error("a MIG GPU's mig_devices must be a list of at most 8");
+      }
+      for (const nlohmann::json& device : *devices) {
+        const auto profile = device.is_object() ? device.find("profile") : device.end();
+        if (profile == device.end() || !profile->is_string() ||
+            profile->get_ref<const std::string&>().empty() ||
+            profile->get_ref<const std::string&>().size() > 32) {
+          throw std::runtime_error("a MIG device without a profile");
+        }
+        std::string name = profile->get<std::string>();  // "1g.10gb+me" -> "1g.10gb.me"
+        std::replace(name.begin(), name.end(), '+', '.');
+        if (info.mig_devices.size() >= 16 && !info.mig_devices.contains(name)) {
+          throw std::runtime_error("more than 16 MIG profiles");
+        }
+        ++info.mig_devices[name];
+      }
+      continue;
+    }
+    if (mode == "timeslice" || mode == "mps") continue;
     if (mode != "none" && mode != "slices") {
       throw std::runtime_error(fmt::format(
           "sharing '{}' is not none, slices, timeslice, mps or mig", mode.substr(0, 40)));

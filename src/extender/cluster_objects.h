@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -39,8 +40,9 @@ inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
 
 struct NodeInfo {
   NodeSpec spec;
-  std::int64_t gpu_memory_mib = 0;     // each GPU's memory
-  std::vector<std::string> gpu_uuids;  // in the engine's numbering; empty if not given
+  std::int64_t gpu_memory_mib = 0;         // each GPU's memory
+  std::vector<std::string> gpu_uuids;      // in the engine's numbering; empty if not given
+  std::map<std::string, int> mig_devices;  // MIG devices by profile ("1g.10gb.me")
 };
 
 // Throws std::runtime_error naming the node and the field at fault.

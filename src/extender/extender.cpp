@@ -57,7 +57,7 @@ bool same_node(const NodeInfo& a, const NodeInfo& b) {
   return a.spec.cpu_milli == b.spec.cpu_milli && a.spec.memory_mib == b.spec.memory_mib &&
          a.spec.gpus == b.spec.gpus && a.spec.model == b.spec.model &&
          a.gpu_memory_mib == b.gpu_memory_mib && a.spec.whole_only_gpus == b.spec.whole_only_gpus &&
-         a.gpu_uuids == b.gpu_uuids;
+         a.gpu_uuids == b.gpu_uuids && a.mig_devices == b.mig_devices;
 }
 
 }  // namespace
@@ -111,6 +111,7 @@ void Extender::rebuild_locked() {
     specs.push_back(spec);
   }
   cluster_ = std::make_unique<Cluster>(specs);
+  mig_used_.clear();
   for (auto& [uid, hold] : holds_) {
     hold.applied = false;
     apply_locked(hold);
@@ -148,12 +149,23 @@ void Extender::apply_locked(Hold& hold) {
   hold.request = request;
   hold.placement = placement;
   hold.applied = true;
+  count_mig_locked(hold, 1);
 }
 
 void Extender::release_locked(Hold& hold) {
   if (!hold.applied) return;
   cluster_->release(hold.request, hold.placement);
   hold.applied = false;
+  count_mig_locked(hold, -1);
+}
+
+void Extender::count_mig_locked(const Hold& hold, int sign) {
+  for (const auto& [profile, count] : hold.pod.mig) {
+    int& used = mig_used_[hold.node][profile];
+    used += sign * count;
+    if (used <= 0) mig_used_[hold.node].erase(profile);
+  }
+  if (mig_used_.contains(hold.node) && mig_used_[hold.node].empty()) mig_used_.erase(hold.node);
 }
 
 void Extender::set_hold_locked(const std::string& uid, std::optional<Hold> hold) {
@@ -165,7 +177,7 @@ void Extender::set_hold_locked(const std::string& uid, std::optional<Hold> hold)
         old.pod.memory_mib == hold->pod.memory_mib && old.pod.gpus == hold->pod.gpus &&
         old.pod.gpumem_mib == hold->pod.gpumem_mib &&
         old.pod.gpumem_percent == hold->pod.gpumem_percent &&
-        old.pod.gpucores == hold->pod.gpucores) {
+        old.pod.gpucores == hold->pod.gpucores && old.pod.mig == hold->pod.mig) {
       return;  // a status update: nothing held changes
     }
     release_locked(existing->second);
@@ -224,8 +236,8 @@ std::optional<Extender::Hold> Extender::hold_of(const nlohmann::json& pod, const
   } else {
     // A pod placed by someone else (or whose record is damaged) still uses GPUs: the engine
     // picks as many to hold as it asks for. A pod without GPUs is left to kube-scheduler.
-    if (hold.pod.gpus == 0) return std::nullopt;
-    hold.choose_gpus = true;
+    if (hold.pod.gpus == 0 && hold.pod.mig.empty()) return std::nullopt;
+    hold.choose_gpus = hold.pod.gpus > 0;
   }
   return hold;
 }
@@ -312,6 +324,20 @@ std::string Extender::refusal_locked(const PodRequest& pod, const std::string& n
     if (cluster_->nodes()[index].gpus == 0)
       return fmt::format("node has no GPUs Tessera knows of ({})", kGpusAnnotation);
     if (std::string why = model_refusal(pod, info.spec.model); !why.empty()) return why;
+  }
+  const auto used = mig_used_.find(node);
+  for (const auto& [profile, count] : pod.mig) {
+    const auto have = info.mig_devices.find(profile);
+    int free = have == info.mig_devices.end() ? 0 : have->second;
+    if (used != mig_used_.end()) {
+      if (const auto taken = used->second.find(profile); taken != used->second.end()) {
+        free -= taken->second;
+      }
+    }
+    if (free < count) {
+      return fmt::format("has {} nvidia.com/mig-{} free; asks {}", std::max(free, 0), profile,
+                         count);
+    }
   }
   request = request_on(*cluster_, pod, info.gpu_memory_mib);
   if (request.gpu_milli > kMilli) {
@@ -490,6 +516,7 @@ HttpReply Extender::bind(const std::string& body) {
     // Held now, so that concurrent binds cannot take the same room.
     cluster_->allocate(request, hold.placement);
     hold.applied = true;
+    count_mig_locked(hold, 1);
     holds_[pod_uid] = std::move(hold);
     own_binds_[pod_uid] = Clock::now();
   }

@@ -101,6 +101,8 @@ class Extender {
   void rebuild_locked();
   void apply_locked(Hold& hold);
   void release_locked(Hold& hold);
+  // Adds (sign 1) or takes back (-1) the MIG devices a hold's pod asks for on its node.
+  void count_mig_locked(const Hold& hold, int sign);
   void set_hold_locked(const std::string& uid, std::optional<Hold> hold);
   // Why the pod cannot go to node (empty if it can); fills request for it.
   std::string refusal_locked(const PodRequest& pod, const std::string& node, Request& request,
@@ -122,6 +124,8 @@ class Extender {
   static constexpr std::chrono::seconds kOwnBindGrace{60};
   std::unique_ptr<Cluster> cluster_;
   std::map<std::string, int> index_;
+  // MIG devices held by bound pods, by node and profile (node agent's mixed strategy).
+  std::map<std::string, std::map<std::string, int>> mig_used_;
   std::mt19937_64 random_{42};
 };
 

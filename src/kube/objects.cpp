@@ -184,6 +184,26 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
     std::int64_t count = 0;
     if (gpus != nullptr && parse_count(text_of(*gpus), count)) entry.gpus = static_cast<int>(count);
     request.containers.push_back(std::move(entry));
+    // MIG devices by profile, as the node agent's mixed strategy serves them.
+    const nlohmann::json* limits = find_at(container, {"resources", "limits"});
+    if (limits == nullptr || !limits->is_object()) continue;
+    for (const auto& [resource, value] : limits->items()) {
+      constexpr std::string_view kMig = "nvidia.com/mig-";
+      if (resource.rfind(kMig, 0) != 0) continue;
+      const std::string profile = resource.substr(kMig.size());
+      std::int64_t devices = 0;
+      if (profile.empty() || profile.size() > 32 || !parse_count(text_of(value), devices) ||
+          devices > kMostCount) {
+        throw std::runtime_error(fmt::format("pod {}: limits.{}='{}' is not a count of MIG devices",
+                                             label, resource.substr(0, 64),
+                                             text_of(value).substr(0, 40)));
+      }
+      if (request.mig.size() >= 16 && !request.mig.contains(profile)) {
+        throw std::runtime_error(fmt::format("pod {}: more than 16 MIG profiles", label));
+      }
+      int& total = request.mig[profile];
+      total = static_cast<int>(std::min<std::int64_t>(total + devices, kMostCount));
+    }
   }
   const nlohmann::json& annotations =
       container_at(pod, {"metadata", "annotations"}, false, "pod " + label, "metadata.annotations");

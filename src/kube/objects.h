@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -31,6 +32,8 @@ struct PodRequest {
     int gpus = 0;  // its nvidia.com/gpu limit
   };
   std::vector<Container> containers;  // in the pod's order
+  // nvidia.com/mig-<profile> limits, summed over containers, by profile ("1g.10gb.me").
+  std::map<std::string, int> mig;
 };
 
 // Throws std::runtime_error naming the pod and the field at fault.
