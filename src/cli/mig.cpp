@@ -15,21 +15,19 @@
 #include "kube/objects.h"
 #include "mig/advisor.h"
 #include "mig/parted_config.h"
+#include "node/config.h"
 #include "node/mig_gpu.h"
 
 namespace tessera::cli {
 namespace {
 
-constexpr std::size_t kMostConfigBytes = 1 << 20;
-
+// A config or pod list file, at most 16 MiB (a cluster's pods, as kubectl lists them).
 std::string read_config_file(const std::string& path) {
-  std::ifstream input(path, std::ios::binary);
-  if (!input) throw UsageError(fmt::format("cannot read {}", path));
-  std::string text(kMostConfigBytes + 1, '\0');
-  input.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(input.gcount()));
-  if (text.size() > kMostConfigBytes) throw UsageError(fmt::format("{}: larger than 1 MiB", path));
-  return text;
+  try {
+    return node::read_file_bounded(path, std::size_t{16} << 20);
+  } catch (const node::ConfigError& error) {
+    throw UsageError(error.what());
+  }
 }
 
 // The configs the options name: one by -c, or all of the file's.

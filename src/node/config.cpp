@@ -592,20 +592,18 @@ void read_health(Reader& reader, const YAML::Node& node, PluginConfig& config) {
   }
 }
 
-std::string read_file_bounded(const std::string& path) {
+}  // namespace
+
+std::string read_file_bounded(const std::string& path, std::size_t most) {
   std::ifstream input(path, std::ios::binary);
   if (!input) throw ConfigError(fmt::format("{}: cannot be read", path));
-  std::string text(kMostConfigBytes + 1, '\0');
+  std::string text(most + 1, '\0');
   input.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(input.gcount()));
-  if (text.size() > kMostConfigBytes) {
-    throw ConfigError(
-        fmt::format("{}: larger than {} KiB; no config is", path, kMostConfigBytes >> 10));
-  }
+  if (text.size() > most)
+    throw ConfigError(fmt::format("{}: larger than {} KiB", path, most >> 10));
   return text;
 }
-
-}  // namespace
 
 const char* mig_strategy_name(MigStrategy strategy) {
   switch (strategy) {

@@ -128,6 +128,8 @@ struct ConfigSet {
 };
 ConfigSet read_config_directory(const std::string& directory);
 ConfigSet read_config_file(const std::string& path, const std::string& name);
+// A file's text, at most `most` bytes; throws ConfigError naming the file.
+std::string read_file_bounded(const std::string& path, std::size_t most = kMostConfigBytes);
 
 // Which config a node runs: the one its label names, else `fallback` (the --config flag),
 // else the only one there is, else NVIDIA's default. Throws ConfigError when a named config

@@ -55,20 +55,20 @@ std::vector<unsigned> processes_on(Nvml& nvml, nvmlDevice_t device) {
   return pids;
 }
 
-// The GPU instance with this ID, or null.
-nvmlGpuInstance_t find_instance(Nvml& nvml, const GpuInfo& gpu, nvmlDevice_t device,
-                                const mig::Profile& profile, unsigned id) {
-  nvmlGpuInstance_t instances[8] = {};
+// The GPU instances of a profile, with what NVML says of each.
+std::vector<std::pair<nvmlGpuInstance_t, nvmlGpuInstanceInfo_t>> gpu_instances(
+    Nvml& nvml, const GpuInfo& gpu, nvmlDevice_t device, const mig::Profile& profile) {
+  nvmlGpuInstance_t handles[8] = {};
   unsigned count = 8;
   require(nvml, gpu, "nvmlDeviceGetGpuInstances",
-          nvml.nvmlDeviceGetGpuInstances(device, profile.id, instances, &count));
+          nvml.nvmlDeviceGetGpuInstances(device, profile.id, handles, &count));
+  std::vector<std::pair<nvmlGpuInstance_t, nvmlGpuInstanceInfo_t>> instances;
   for (unsigned i = 0; i < count && i < 8; ++i) {
     nvmlGpuInstanceInfo_t info{};
-    if (nvml.nvmlGpuInstanceGetInfo(instances[i], &info) == NVML_SUCCESS && info.id == id) {
-      return instances[i];
-    }
+    require(nvml, gpu, "nvmlGpuInstanceGetInfo", nvml.nvmlGpuInstanceGetInfo(handles[i], &info));
+    instances.emplace_back(handles[i], info);
   }
-  return nullptr;
+  return instances;
 }
 
 // The compute instance profile that spans the whole GPU instance.
@@ -149,13 +149,7 @@ MigGpu read_mig_gpu(Nvml& nvml, const GpuInfo& gpu) {
   if (!state.enabled) return state;
 
   for (const mig::Profile& profile : model->profiles) {
-    nvmlGpuInstance_t handles[8] = {};
-    unsigned count = 8;
-    require(nvml, gpu, "nvmlDeviceGetGpuInstances",
-            nvml.nvmlDeviceGetGpuInstances(device, profile.id, handles, &count));
-    for (unsigned i = 0; i < count && i < 8; ++i) {
-      nvmlGpuInstanceInfo_t info{};
-      require(nvml, gpu, "nvmlGpuInstanceGetInfo", nvml.nvmlGpuInstanceGetInfo(handles[i], &info));
+    for (const auto& [handle, info] : gpu_instances(nvml, gpu, device, profile)) {
       MigInstance instance;
       instance.existing = {{&profile, static_cast<int>(info.placement.start)}, info.id, false};
       state.instances.push_back(std::move(instance));
@@ -274,7 +268,10 @@ void apply_steps(Nvml& nvml, const MigGpu& gpu, const std::vector<mig::Step>& st
   for (const mig::Step& step : steps) {
     const mig::Profile& profile = *step.instance.profile;
     if (step.kind == mig::Step::Kind::destroy) {
-      const nvmlGpuInstance_t instance = find_instance(nvml, gpu.gpu, device, profile, step.id);
+      nvmlGpuInstance_t instance = nullptr;
+      for (const auto& [handle, info] : gpu_instances(nvml, gpu.gpu, device, profile)) {
+        if (info.id == step.id) instance = handle;
+      }
       if (instance == nullptr) {
         roll_back(fmt::format("GPU instance {} ({}) is gone", step.id, profile.name));
       }
