@@ -51,7 +51,7 @@ export TESSERA_SIMULATE=1 TESSERA_SIM_DEVICES="T4;T4;T4;T4" TESSERA_SIM_STATE="$
   --state-dir "$node_dir/state" --features-dir "$node_dir" \
   --config-file "$(dirname "$0")/node-configs/seed-tesla-t4.yaml" >/dev/null 2>"$node_dir/log" &
 node_pid=$!
-trap 'kill "$node_pid" 2>/dev/null; rm -rf "$TESSERA_RUNTIME_DIR"' EXIT
+trap 'kill "$node_pid" 2>/dev/null || true; rm -rf "$TESSERA_RUNTIME_DIR"' EXIT
 "$build/bin/test-kubelet" "$node_dir/kubelet" nvidia.com/gpu --allocate 1
 echo
 echo "   labels for node-feature-discovery ($node_dir/tessera-gpu):"
