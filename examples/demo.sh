@@ -74,3 +74,28 @@ else
   echo "The node agent did not mark GPU 2's 4 replicas unhealthy (saw $unhealthy)." >&2
   exit 1
 fi
+
+# MIG with tessera mig, on a simulated A100-80GB: the GPU-sharing chapter's mixed layout
+# (3g.40gb + 2g.20gb x2), which fits only with the 3g on the right half.
+echo
+echo "== tessera mig on a simulated A100-80GB: the chapter's mig-parted config, config mixed"
+export TESSERA_SIM_DEVICES="A100-80GB" TESSERA_SIM_STATE="$TESSERA_RUNTIME_DIR/mig-sim"
+mig_config="$(dirname "$0")/mig/seed-chapter-mig-parted.yaml"
+"$tessera" mig plan -f "$mig_config" --model A100-80GB | sed 's/^/   /'
+# MIG mode on waits for a GPU reset: apply says so and exits 3.
+status=0
+"$tessera" mig apply -f "$mig_config" -c mixed | sed 's/^/   /' || status=$?
+if [ "$status" != 3 ]; then
+  echo "tessera mig apply should have waited for a reset (exit 3), exited $status" >&2
+  exit 1
+fi
+"$tessera" simgpu reset --device 0 | sed 's/^/   /'
+"$tessera" mig apply -f "$mig_config" -c mixed | sed 's/^/   /'
+"$tessera" mig show | sed 's/^/   /'
+devices=$("$tessera" mig show | grep -c " MIG-" || true)
+if [ "$devices" = 3 ]; then
+  echo "tessera mig made the chapter's three MIG devices, each at a placement it chose."
+else
+  echo "tessera mig did not make the 3 MIG devices (saw $devices)." >&2
+  exit 1
+fi
