@@ -168,9 +168,9 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   Hook& state = hook();
   const int device = current_device();
   if (device < 0 || device >= kMaxDevices) return launch();
-  if (captured(state, stream, per_thread)) return launch();
   const std::uint32_t share = state.ledger.effective_cores(device);
   if (share == 0 && state.priority == Priority::none) return launch();
+  if (captured(state, stream, per_thread)) return launch();
   ComputeState& shared = compute();
   pthread_mutex_lock(&shared.lock);
   Track* track = track_for_locked(stream);
