@@ -547,6 +547,15 @@ TEST(MigCommand, BadConfigsAndArgumentsAreRefusedByName) {
   done = machine.mig({"plan", "-f", machine.config, "--model", "T4"});
   EXPECT_EQ(done.exit_code, 2);
   EXPECT_NE(done.err.find("--model T4: not a MIG GPU Tessera knows"), std::string::npos);
+  done = machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "7"});
+  EXPECT_EQ(done.exit_code, 2);
+  EXPECT_NE(done.err.find("--device 7: this machine has 2 GPU(s)"), std::string::npos) << done.err;
+  // The seeds' mixed config names GPU 0 only: on GPU 1 alone it has nothing to do, and says so.
+  done = machine.mig({"plan", "-f", machine.config, "-c", "mixed", "-d", "1"});
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("config mixed selects none of this machine's MIG-capable GPUs"),
+            std::string::npos)
+      << done.out;
   done = machine.mig({"advise", "--model", "H200", "--job", "three"});
   EXPECT_EQ(done.exit_code, 2);
   EXPECT_NE(done.err.find("--job 'three': write COUNTxMEMORY"), std::string::npos) << done.err;

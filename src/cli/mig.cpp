@@ -155,7 +155,13 @@ int plan_or_apply(const MigOptions& options, bool apply) {
   if (configs.size() != 1) throw UsageError("say which config of the file: --config NAME");
   const auto& [name, entries] = *configs.begin();
   Machine machine = open_machine();
-  int failed = 0, reset_needed = 0;
+  for (const int device : options.devices) {
+    if (device < 0 || static_cast<std::size_t>(device) >= machine.inventory.gpus.size()) {
+      throw UsageError(fmt::format("--device {}: this machine has {} GPU(s)", device,
+                                   machine.inventory.gpus.size()));
+    }
+  }
+  int failed = 0, reset_needed = 0, selected_gpus = 0;
   for (const node::GpuInfo& info : machine.inventory.gpus) {
     if (!selected(options, info.index) || !info.mig_capable) continue;
     node::MigGpu gpu = node::read_mig_gpu(*machine.nvml, info);
@@ -166,6 +172,7 @@ int plan_or_apply(const MigOptions& options, bool apply) {
       throw UsageError(error.what());
     }
     if (entry == nullptr) continue;  // this config says nothing of this GPU
+    ++selected_gpus;
     const mig::ProfileCounts wanted =
         entry->mig_enabled ? entry->mig_devices : mig::ProfileCounts{};
     fmt::print("GPU {}: {} ({}): {} -> {}\n", info.index, info.name, gpu.model->key,
@@ -219,6 +226,9 @@ int plan_or_apply(const MigOptions& options, bool apply) {
           "tessera simgpu reset --device {0})\n",
           info.index);
     }
+  }
+  if (selected_gpus == 0) {
+    fmt::print("config {} selects none of this machine's MIG-capable GPUs: nothing to do\n", name);
   }
   if (failed > 0) return 1;
   return reset_needed > 0 ? kResetNeededStatus : 0;
