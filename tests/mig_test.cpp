@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -15,6 +17,7 @@
 #include "mig/parted_config.h"
 #include "mig/planner.h"
 #include "node/nvml.h"
+#include "simgpu/sim_machine.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -525,6 +528,147 @@ TEST(MigCommand, InstancesInUseAreKeptAndAResetIsRefusedWhileTheGpuIsBusy) {
   user->close_stdin();
   ASSERT_EQ(user->wait(), 0);
   EXPECT_EQ(lines_with(machine.mig({"show"}).out, " MIG-7e55e7a0-"), 3);
+}
+
+// The MIG devices `tessera mig show` lists: UUID -> (profile, GPU instance ID).
+std::map<std::string, std::pair<std::string, std::string>> mig_devices_shown(
+    const std::string& show) {
+  std::map<std::string, std::pair<std::string, std::string>> devices;
+  std::istringstream lines(show);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string gpu, instance, id, profile, slice, start, uuid;
+    if (words >> gpu >> instance >> id >> profile >> slice >> start >> uuid && gpu == "GPU" &&
+        instance == "instance" && uuid.rfind("MIG-", 0) == 0) {
+      devices[uuid] = {profile, id};
+    }
+  }
+  return devices;
+}
+
+// With a GPU laid out in MIG devices, CUDA (the simulated driver) no longer runs on the GPU
+// as a whole but on each MIG device, named by its UUID as NVIDIA's driver takes them: a
+// device of its GPU instance's memory and its compute instance's SMs, isolated from the
+// others, inside which the hook's quotas hold as on a whole GPU.
+TEST(MigDevice, CudaSeesEachInstanceAsADeviceOfItsOwnMemoryAndSmsAndTheHookQuotaHoldsInIt) {
+  MigMachine machine;
+  ASSERT_EQ(machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "0"}).exit_code, 3);
+  ASSERT_EQ(machine.reset(0).exit_code, 0);
+  ASSERT_EQ(machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "0"}).exit_code, 0);
+  const auto devices = mig_devices_shown(machine.mig({"show"}).out);
+  ASSERT_EQ(devices.size(), 3u);
+  // The A100-80GB's 3g.40gb and 2g.20gb, as NVML reports them (sim_nvml_mig.cpp's table).
+  const std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> expected = {
+      {"3g.40gb", {40192ull << 20, 42}}, {"2g.20gb", {19968ull << 20, 28}}};
+  auto on = [&](const std::string& visible) {
+    Environment settings = machine.environment;
+    settings["CUDA_VISIBLE_DEVICES"] = visible;
+    return settings;
+  };
+  std::vector<std::string> two_g;
+  for (const auto& [uuid, described] : devices) {
+    const auto& [profile, instance_id] = described;
+    const Finished info = run({worker(), "info"}, on(uuid));
+    ASSERT_EQ(info.exit_code, 0) << uuid << info.out << info.err;
+    EXPECT_EQ(info.number("device_count"), 1u) << uuid;
+    EXPECT_EQ(info.number("device_total"), expected.at(profile).first) << uuid;
+    EXPECT_EQ(info.number("device_sms"), expected.at(profile).second) << uuid;
+    EXPECT_EQ(info.value("device_name"), "NVIDIA A100-SXM4-80GB MIG " + profile) << uuid;
+    // The same device by a prefix of its UUID and as MIG-<GPU UUID>/<GI>/<CI>.
+    EXPECT_EQ(run({worker(), "info"}, on(uuid.substr(0, 36))).number("device_total"),
+              expected.at(profile).first);
+    const std::string by_ids = "MIG-" + simulated_gpu_uuid(0) + "/" + instance_id + "/0";
+    EXPECT_EQ(run({worker(), "info"}, on(by_ids)).number("device_total"),
+              expected.at(profile).first)
+        << by_ids;
+    if (profile == "2g.20gb") two_g.push_back(uuid);
+  }
+  ASSERT_EQ(two_g.size(), 2u);
+  // Unset, CUDA enumerates the three MIG devices and the H100 (GPU 1 is not in MIG mode).
+  Environment everything = machine.environment;
+  EXPECT_EQ(run({worker(), "info"}, everything).number("device_count"), 4u);
+  // Named as a whole, a GPU in MIG mode is no CUDA device; nor is an instance that is not.
+  for (const std::string& none :
+       {simulated_gpu_uuid(0), "MIG-" + simulated_gpu_uuid(0) + "/9/0", std::string("MIG-ffff")}) {
+    EXPECT_EQ(run({worker(), "init"}, on(none)).value("result"), "100") << none;
+  }
+
+  // Memory: a process on one 2g.20gb holding 15 GiB leaves the other's untouched, and its
+  // own instance only what is left of 19.5 GiB. Fill allocates in 256 MiB chunks.
+  constexpr std::uint64_t kChunk = 256ull << 20, kHeld = 15ull << 30;
+  const std::uint64_t instance_bytes = 19968ull << 20;
+  Environment first = on(two_g[0]);
+  Running holder({worker(), "hold", std::to_string(kHeld)}, first);
+  ASSERT_EQ(holder.read_line(), "result=0");
+  const Finished other = run({worker(), "fill", std::to_string(kChunk)}, on(two_g[1]));
+  const std::uint64_t context = run({worker(), "info"}, on(two_g[1])).number("driver_used");
+  EXPECT_LE(other.number("allocated"), instance_bytes - context);
+  EXPECT_GT(other.number("allocated") + kChunk, instance_bytes - context);
+  const Finished same = run({worker(), "fill", std::to_string(kChunk)}, first);
+  EXPECT_LE(same.number("allocated"), instance_bytes - kHeld - 2 * context);
+  EXPECT_GT(same.number("allocated") + kChunk, instance_bytes - kHeld - 2 * context);
+  // The instance's process shows in NVML on the GPU, so a new layout is refused while it runs.
+  Finished refused = machine.mig({"apply", "-f", machine.config, "-c", "big-instance", "-d", "0"});
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("is in use"), std::string::npos) << refused.out;
+  // Killed with -9, the holder's 15 GiB come back to its instance, as the driver frees them.
+  holder.kill_hard();
+  ASSERT_EQ(holder.wait(), 128 + SIGKILL);
+  const Finished after = run({worker(), "fill", std::to_string(kChunk)}, first);
+  EXPECT_GT(after.number("allocated") + kChunk, instance_bytes - context);
+
+  // The hook's memory quota inside a MIG device: 4 GiB of the 19.5.
+  Environment limited = first;
+  limited["LD_PRELOAD"] = build_path("lib/libtessera-cuda.so");
+  limited["TESSERA_MEMORY_LIMIT"] = "4GiB";
+  const Finished quota = run({worker(), "fill", std::to_string(kChunk)}, limited);
+  EXPECT_EQ(quota.number("total"), 4ull << 30);
+  EXPECT_LE(quota.number("allocated"), 4ull << 30);
+  EXPECT_GT(quota.number("allocated") + kChunk, 4ull << 30);
+}
+
+// MIG instances have SMs of their own: two processes saturating two instances each keep
+// theirs busy, where on one GPU they would time-slice to half each. Judged, as every timing
+// test here, against the share of the window the host let each worker run.
+TEST(MigDevice, KernelsOnTwoInstancesRunSideBySide) {
+  MigMachine machine;
+  ASSERT_EQ(machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "0"}).exit_code, 3);
+  ASSERT_EQ(machine.reset(0).exit_code, 0);
+  ASSERT_EQ(machine.mig({"apply", "-f", machine.config, "-c", "mixed", "-d", "0"}).exit_code, 0);
+  std::vector<std::unique_ptr<Running>> workers;
+  for (const auto& [uuid, described] : mig_devices_shown(machine.mig({"show"}).out)) {
+    if (described.first != "2g.20gb") continue;
+    Environment settings = machine.environment;
+    settings["CUDA_VISIBLE_DEVICES"] = uuid;
+    workers.push_back(std::make_unique<Running>(
+        std::vector<std::string>{worker(), "saturate", "plain", "long@5ms", "1.5"}, settings));
+  }
+  ASSERT_EQ(workers.size(), 2u);
+  std::vector<Finished> done;
+  for (auto& running : workers) done.push_back(running->finish());
+  constexpr std::uint64_t kSettle = 200'000'000, kWindow = 1'000'000'000;
+  std::uint64_t from = 0;
+  for (const Finished& one : done) {
+    ASSERT_EQ(one.exit_code, 0) << one.out;
+    from = std::max(from, one.number("begin_ns") + kSettle);
+  }
+  setenv("TESSERA_SIM_STATE", machine.scratch.file("simgpu").c_str(), 1);
+  setenv("TESSERA_SIM_DEVICES", kTwoGpus, 1);
+  sim::Machine record;
+  ErrorText error;
+  ASSERT_TRUE(record.attach(error)) << error.text;
+  for (const Finished& one : done) {
+    std::uint64_t busy = 0;
+    for (int device = 0; device < sim::kSimDevices; ++device) {
+      busy +=
+          record.busy(device, static_cast<std::int32_t>(one.number("pid")), from, from + kWindow)
+              .process_ns;
+    }
+    const double share = 100.0 * static_cast<double>(busy) / kWindow;
+    const double allowed = 100.0 * one.host().allowed(from, from + kWindow);
+    EXPECT_LE(share, 100.5);
+    EXPECT_GE(share, allowed - 10) << "the host let it run " << allowed << " % of the window";
+  }
 }
 
 TEST(MigCommand, BadConfigsAndArgumentsAreRefusedByName) {

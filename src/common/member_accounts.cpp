@@ -119,7 +119,7 @@ void MemberAccounts::for_each_live_locked(Visit visit) {
 
 void MemberAccounts::reap_dead_locked() {
   for_each_live_locked([this](int slot, MemberAccount& member) {
-    if (slot == my_slot_ || liveness_lock_held_by_other(fd_, slot)) return;
+    if (slot == my_slot_ || liveness_lock_held_by_other(fd_, lock_base_ + slot)) return;
     for (int device = 0; device < kMaxDevices; ++device) {
       const std::uint64_t held = member.used[device].exchange(0, std::memory_order_relaxed);
       accounts_->used[device].fetch_sub(held, std::memory_order_relaxed);
@@ -163,7 +163,7 @@ bool MemberAccounts::join(ErrorText& error) {
   for (int slot = 0; slot < kMaxMembers; ++slot) {
     MemberAccount& member = accounts_->members[slot];
     if (member.state.load(std::memory_order_relaxed) != kMemberFree) continue;
-    if (!take_liveness_lock(fd_, slot)) continue;
+    if (!take_liveness_lock(fd_, lock_base_ + slot)) continue;
     for (auto& used : member.used) used.store(0, std::memory_order_relaxed);
     member.pid = static_cast<std::int32_t>(getpid());
     if (slot >= slots_locked()) {  // first: a joiner killed here leaves only a free slot below
@@ -193,7 +193,7 @@ void MemberAccounts::leave() {
     unlock();
   }
   // Damaged or not, this process is no longer a member: others may reclaim the slot.
-  drop_liveness_lock(fd_, my_slot_);
+  drop_liveness_lock(fd_, lock_base_ + my_slot_);
   forget_slot();
 }
 

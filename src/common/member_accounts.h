@@ -61,13 +61,16 @@ bool accounts_look_valid(const SharedAccounts& accounts, int& bad_slot);
 // One process's handle on the accounts in a mapped file whose descriptor is `fd`.
 class MemberAccounts {
  public:
-  void attach(SharedAccounts* accounts, int fd) {
+  // Several accounts may share one file: each then names its own range of liveness locks,
+  // `lock_base` upward (kMaxMembers of them).
+  void attach(SharedAccounts* accounts, int fd, int lock_base = 0) {
     accounts_ = accounts;
     fd_ = fd;
+    lock_base_ = lock_base;
     damage_ = nullptr;
     forget_slot();
   }
-  void detach() { attach(nullptr, -1); }
+  void detach() { attach(nullptr, -1, 0); }
 
   bool join(ErrorText& error);  // idempotent
   bool joined() const { return my_slot_ >= 0; }
@@ -120,6 +123,7 @@ class MemberAccounts {
 
   SharedAccounts* accounts_ = nullptr;
   int fd_ = -1;
+  int lock_base_ = 0;
   int my_slot_ = -1;
   std::uint64_t my_used_[kMaxDevices] = {};  // what this member holds, as it knows it
   const char* damage_ = nullptr;

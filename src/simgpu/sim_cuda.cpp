@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "common/immortal.h"
 #include "common/log.h"
@@ -90,42 +91,113 @@ class Lock {
   Driver& driver_;
 };
 
-// Visible devices: CUDA_VISIBLE_DEVICES lists ordinals or UUID prefixes; the list ends at
-// the first entry that names no device, as with the real driver.
-int parse_visible_devices(const MachineSpec& spec, int* machine_index) {
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (visible == nullptr) {
-    for (int i = 0; i < spec.device_count; ++i) machine_index[i] = i;
-    return spec.device_count;
-  }
+// A device CUDA can enumerate: a whole GPU, or a MIG device (a compute instance; its memory
+// is its GPU instance's).
+struct Candidate {
+  int device;  // simulated device (sim_machine.h)
+  DeviceSpec spec;
+};
+
+// What the driver enumerates with no CUDA_VISIBLE_DEVICES: each GPU, or, for a GPU in MIG
+// mode (which runs no CUDA work as a whole), each of its MIG devices.
+int enumerate_devices(Candidate* out, int capacity) {
+  const MachineSpec& spec = machine().spec();
   int count = 0;
-  const char* cursor = visible;
-  while (*cursor != '\0' && count < kMaxDevices) {
+  for (int gpu = 0; gpu < spec.device_count && count < capacity; ++gpu) {
+    const DeviceSpec& whole = spec.devices[gpu];
+    const MigState& mig = machine().lock_mig(gpu);
+    if (mig.current == 0) {
+      out[count++] = {gpu, whole};
+    } else {
+      for (int slot = 0; slot < kMigSlots; ++slot) {
+        const MigGpuInstance& instance = mig.instances[slot];
+        for (int ci = 0; instance.used != 0 && ci < kMigSlots && count < capacity; ++ci) {
+          if (instance.compute[ci].used == 0) continue;
+          Candidate& device = out[count++];
+          device = {mig_device_id(gpu, slot), whole};
+          std::snprintf(device.spec.name, sizeof device.spec.name, "%s %s", whole.name,
+                        instance.name);
+          format_mig_uuid(gpu, instance, ci, device.spec.uuid, sizeof device.spec.uuid);
+          device.spec.memory_bytes = instance.memory_mib << 20;
+          device.spec.sm_count = static_cast<int>(instance.compute[ci].sms);
+          device.spec.mig_family = -1;
+        }
+      }
+    }
+    machine().unlock_mig();
+  }
+  return count;
+}
+
+// The candidate an entry of CUDA_VISIBLE_DEVICES names, or -1: an ordinal of the default
+// enumeration, a prefix of a GPU's UUID (a GPU in MIG mode is no CUDA device), a MIG device's
+// UUID (or a prefix), or MIG-<GPU UUID>/<GPU instance ID>/<compute instance ID>.
+int find_candidate(const char* item, const Candidate* candidates, int count) {
+  const std::size_t length = std::strlen(item);
+  if (length == 0) return -1;
+  if (std::strncmp(item, "GPU-", 4) == 0 || std::strncmp(item, "MIG-", 4) == 0) {
+    for (int i = 0; i < count; ++i) {
+      if (std::strncmp(candidates[i].spec.uuid, item, length) == 0) return i;
+    }
+    if (std::strncmp(item, "MIG-GPU-", 8) != 0) return -1;
+    const char* slash = std::strchr(item, '/');
+    unsigned gi_id = 0, ci_id = 0;
+    char tail = 0;
+    if (slash == nullptr || std::sscanf(slash, "/%u/%u%c", &gi_id, &ci_id, &tail) != 2) return -1;
+    const std::string_view gpu_uuid(item + 4, static_cast<std::size_t>(slash - item - 4));
+    const MachineSpec& spec = machine().spec();
+    for (int i = 0; i < count; ++i) {
+      const int gpu = gpu_of(candidates[i].device);
+      if (!is_mig_device(candidates[i].device) || gpu_uuid != spec.devices[gpu].uuid) continue;
+      const MigState& mig = machine().lock_mig(gpu);
+      const MigGpuInstance& instance = mig.instances[gi_slot_of(candidates[i].device)];
+      char uuid[48];
+      format_mig_uuid(gpu, instance, static_cast<int>(ci_id), uuid, sizeof uuid);
+      const bool named = instance.used != 0 && instance.id == gi_id && ci_id < kMigSlots &&
+                         instance.compute[ci_id].used != 0 &&
+                         std::strcmp(uuid, candidates[i].spec.uuid) == 0;
+      machine().unlock_mig();
+      if (named) return i;
+    }
+    return -1;
+  }
+  char* number_end = nullptr;
+  const long index = std::strtol(item, &number_end, 10);
+  if (number_end == item || *number_end != '\0' || index < 0 || index >= count) return -1;
+  return static_cast<int>(index);
+}
+
+// Visible devices: CUDA_VISIBLE_DEVICES lists ordinals or UUIDs (or prefixes); the list ends
+// at the first entry that names no device, or one already listed, as with the real driver.
+int parse_visible_devices(int* machine_index, DeviceSpec* visible) {
+  Candidate candidates[kMaxDevices * kMigSlots];
+  const int count = enumerate_devices(candidates, kMaxDevices * kMigSlots);
+  const char* list = std::getenv("CUDA_VISIBLE_DEVICES");
+  int shown = 0;
+  if (list == nullptr) {
+    for (; shown < count && shown < kMaxDevices; ++shown) {
+      machine_index[shown] = candidates[shown].device;
+      visible[shown] = candidates[shown].spec;
+    }
+    return shown;
+  }
+  for (const char* cursor = list; *cursor != '\0' && shown < kMaxDevices;) {
     const char* end = std::strchr(cursor, ',');
     const std::size_t length = end ? static_cast<std::size_t>(end - cursor) : std::strlen(cursor);
-    char item[64] = {};
-    std::memcpy(item, cursor, length < sizeof item - 1 ? length : sizeof item - 1);
-    int found = -1;
-    if (std::strncmp(item, "GPU-", 4) == 0) {
-      for (int i = 0; i < spec.device_count; ++i) {
-        if (std::strncmp(spec.devices[i].uuid, item, std::strlen(item)) == 0) found = i;
-      }
-    } else {
-      char* number_end = nullptr;
-      const long index = std::strtol(item, &number_end, 10);
-      if (number_end != item && *number_end == '\0' && index >= 0 && index < spec.device_count) {
-        found = static_cast<int>(index);
-      }
-    }
-    for (int i = 0; i < count; ++i) {
-      if (machine_index[i] == found) found = -1;  // a repeated device ends the list
-    }
+    char item[96] = {};
+    if (length >= sizeof item) break;
+    std::memcpy(item, cursor, length);
+    const int found = find_candidate(item, candidates, count);
     if (found < 0) break;
-    machine_index[count++] = found;
+    bool repeated = false;
+    for (int i = 0; i < shown; ++i) repeated |= machine_index[i] == candidates[found].device;
+    if (repeated) break;
+    machine_index[shown] = candidates[found].device;
+    visible[shown++] = candidates[found].spec;
     if (end == nullptr) break;
     cursor = end + 1;
   }
-  return count;
+  return shown;
 }
 
 CUresult require_initialized() {
@@ -145,8 +217,13 @@ CUresult machine_device(CUdevice ordinal, int& index) {
   return CUDA_SUCCESS;
 }
 
-const DeviceSpec& spec_of(int machine_index) {
-  return machine().spec().devices[machine_index];
+// A simulated device's spec, as this process's driver enumerated it.
+const DeviceSpec& spec_of(int device) {
+  const Driver& state = driver();
+  for (int ordinal = 0; ordinal < state.device_count; ++ordinal) {
+    if (state.machine_index[ordinal] == device) return state.visible[ordinal];
+  }
+  return machine().spec().devices[gpu_of(device)];
 }
 
 void* map_host(std::uint64_t bytes, bool& mapped) {
@@ -646,7 +723,7 @@ SIM_EXPORT CUresult cuInit(unsigned int flags) {
   }
   Lock locked;
   if (!state.initialized) {
-    state.device_count = parse_visible_devices(machine().spec(), state.machine_index);
+    state.device_count = parse_visible_devices(state.machine_index, state.visible);
     state.initialized = true;
   }
   return state.device_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;

@@ -10,6 +10,7 @@
 #include "common/handle_table.h"
 #include "common/limits.h"
 #include "cuda_abi/cuda_abi.h"
+#include "simgpu/sim_config.h"
 
 namespace tessera::sim {
 
@@ -96,7 +97,8 @@ struct Driver {
   pthread_mutex_t lock;
   bool initialized;
   int device_count;
-  int machine_index[kMaxDevices];  // ordinal -> machine device (after CUDA_VISIBLE_DEVICES)
+  int machine_index[kMaxDevices];   // ordinal -> simulated device (after CUDA_VISIBLE_DEVICES)
+  DeviceSpec visible[kMaxDevices];  // ordinal -> what it is (a MIG device: its instance's)
   struct {
     Context* context;
     int retains;

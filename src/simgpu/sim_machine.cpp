@@ -16,8 +16,8 @@ namespace tessera::sim {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'S', 'I', 'M', 'G'};
-constexpr std::uint32_t kVersion = 5;  // 2: time-sliced schedules; 3: slot bound; 4: events;
-                                       // 5: MIG profiles per device
+constexpr std::uint32_t kVersion = 6;  // 2: time-sliced schedules; 3: slot bound; 4: events;
+                                       // 5: MIG profiles per device; 6: MIG devices for CUDA
 // A waiter looks again no sooner than this: its work may end any moment, but not every
 // microsecond is worth the schedule's lock.
 constexpr std::uint64_t kShortestWaitNs = 20'000;
@@ -39,6 +39,12 @@ void initialize_file(void* base, const void* context) {
   initialize_robust_mutex(&file->events_lock);
   std::memset(static_cast<void*>(file->mig), 0, sizeof file->mig);
   initialize_robust_mutex(&file->mig_lock);
+  for (SharedAccounts& accounts : file->mig_accounts) initialize_accounts(accounts);
+}
+
+// Each GPU's instance accounts take their own range of liveness locks, after the machine's.
+int mig_lock_base(int gpu) {
+  return (1 + gpu) * kMaxMembers;
 }
 
 // The futex word in the low half of the events counter (x86-64 is little-endian).
@@ -91,7 +97,16 @@ bool Machine::attach(ErrorText& error) {
         "path or remove the file",
         path);
   }
+  for (int gpu = 0; gpu < kMaxDevices; ++gpu) {
+    if (!accounts_look_valid(file->mig_accounts[gpu], bad_slot)) {
+      mapping_.close();
+      return error.set("%s: not a simulated-GPU state file of this version", path);
+    }
+  }
   accounts_.attach(&file->accounts, mapping_.fd);
+  for (int gpu = 0; gpu < kMaxDevices; ++gpu) {
+    mig_accounts_[gpu].attach(&file->mig_accounts[gpu], mapping_.fd, mig_lock_base(gpu));
+  }
   if (!accounts_.join(error)) {
     mapping_.close();
     return false;
@@ -106,12 +121,47 @@ void Machine::after_fork_in_child() {
   pid_ = static_cast<std::int32_t>(getpid());
   mapping_.reopen_in_child();
   accounts_.forget_slot();  // the child joins on its first charge
+  for (MemberAccounts& accounts : mig_accounts_) accounts.forget_slot();
+}
+
+void Machine::release_process() {
+  accounts_.leave();
+  for (MemberAccounts& accounts : mig_accounts_) accounts.leave();
 }
 
 bool Machine::charge(int device, std::uint64_t bytes) {
+  if (device < 0 || device >= kSimDevices) return false;
+  std::uint64_t capacity = 0;
+  if (is_mig_device(device)) {
+    // The instance's memory, as long as it exists: the driver refuses to destroy an instance
+    // that holds memory, so one charged here stays until its memory is given back.
+    const MigGpuInstance& instance = lock_mig(gpu_of(device)).instances[gi_slot_of(device)];
+    capacity = instance.used != 0 ? instance.memory_mib << 20 : 0;
+    unlock_mig();
+  } else {
+    capacity = file_->spec.devices[device].memory_bytes;
+  }
+  MemberAccounts& accounts = accounts_of(device);
   ErrorText ignored;
-  if (!accounts_.join(ignored)) return false;
-  return accounts_.reserve(device, bytes, file_->spec.devices[device].memory_bytes);
+  if (capacity == 0 || !accounts.join(ignored)) return false;
+  return accounts.reserve(account_index(device), bytes, capacity);
+}
+
+bool Machine::gpu_in_use(int gpu) {
+  std::int32_t pid[1];
+  std::uint64_t bytes[1];
+  if (processes(gpu, pid, bytes, 1) > 0) return true;
+  for (int slot = 0; slot < kMigSlots; ++slot) {
+    if (processes(mig_device_id(gpu, slot), pid, bytes, 1) > 0) return true;
+  }
+  return false;
+}
+
+void format_mig_uuid(int gpu, const MigGpuInstance& instance, int ci, char* text,
+                     std::size_t size) {
+  std::snprintf(text, size, "MIG-7e55e7a0-%04x-4%03x-8%03x-%012x",
+                static_cast<unsigned>(gpu) & 0xffff, instance.id & 0xfff,
+                static_cast<unsigned>(ci) & 0xfff, instance.serial);
 }
 
 std::uint64_t Machine::submit(int device, std::uint64_t duration_ns) {

@@ -84,13 +84,19 @@ struct MigComputeInstance {  // its ID is its slot
   std::uint32_t used;
   std::uint32_t profile;      // NVML_COMPUTE_INSTANCE_PROFILE_*, which is also its ID
   std::uint32_t start, size;  // in the GPU instance's compute slices
+  std::uint32_t sms;
 };
+// What the driver knows of an instance once made, kept with it so that the simulated CUDA
+// driver, which has no profile tables, can serve its MIG devices.
 struct MigGpuInstance {
   std::uint32_t used;
   std::uint32_t id;
   std::uint32_t profile;      // NVML_GPU_INSTANCE_PROFILE_*
   std::uint32_t start, size;  // in memory slices
   std::uint32_t serial;       // unique per device: its MIG devices' UUIDs carry it
+  std::uint32_t compute_slices, sms;
+  std::uint64_t memory_mib;
+  char name[24];  // the profile's: "MIG 1g.10gb"
   MigComputeInstance compute[kMigSlots];
 };
 struct MigState {
@@ -99,13 +105,34 @@ struct MigState {
   MigGpuInstance instances[kMigSlots];
 };
 
+// CUDA memory and work land on a simulated device: a whole GPU (0 to kMaxDevices - 1) or a
+// MIG GPU instance, numbered after them. The compute instances of one GPU instance share its
+// memory and, in the simulation, its timeline.
+inline constexpr int kMigDeviceBase = kMaxDevices;
+inline constexpr int kSimDevices = kMaxDevices + kMaxDevices * kMigSlots;
+constexpr int mig_device_id(int gpu, int gi_slot) {
+  return kMigDeviceBase + gpu * kMigSlots + gi_slot;
+}
+constexpr bool is_mig_device(int device) {
+  return device >= kMigDeviceBase;
+}
+constexpr int gpu_of(int device) {
+  return is_mig_device(device) ? (device - kMigDeviceBase) / kMigSlots : device;
+}
+constexpr int gi_slot_of(int device) {
+  return (device - kMigDeviceBase) % kMigSlots;
+}
+
+// The UUID of the MIG device of compute instance `ci` in `instance` on GPU `gpu`.
+void format_mig_uuid(int gpu, const MigGpuInstance& instance, int ci, char* text, std::size_t size);
+
 struct MachineFile {
   char magic[8];
   std::uint32_t version;
   std::uint32_t file_bytes;
   MachineSpec spec;
-  SharedAccounts accounts;  // per process, per device bytes in use
-  DeviceSchedule schedules[kMaxDevices];
+  SharedAccounts accounts;                // per process, per device bytes in use
+  DeviceSchedule schedules[kSimDevices];  // by simulated device
   std::atomic<std::uint64_t> next_ticket;
   Completion completions[kCompletions];
   std::atomic<std::uint64_t> timeline_head;  // entries written so far
@@ -116,6 +143,8 @@ struct MachineFile {
   DeviceEvent events[kDeviceEvents];  // a ring
   pthread_mutex_t mig_lock;           // held briefly, by MIG calls only
   MigState mig[kMaxDevices];
+  // Per GPU, the bytes in use in each of its GPU instances, by instance slot.
+  SharedAccounts mig_accounts[kMaxDevices];
 };
 
 // One piece of work in the device's record.
@@ -137,14 +166,21 @@ class Machine {
   bool attached() const { return file_ != nullptr; }
   const MachineSpec& spec() const { return file_->spec; }
 
-  // Takes bytes of device memory; false when the device is full.
+  // Takes bytes of a simulated device's memory; false when the device is full (or, for a MIG
+  // device, its GPU instance is gone).
   bool charge(int device, std::uint64_t bytes);
-  void uncharge(int device, std::uint64_t bytes) { accounts_.release(device, bytes); }
-  std::uint64_t used(int device) { return accounts_.usage(device).used; }
-  std::uint64_t peak(int device) { return accounts_.usage(device).peak; }
-  int processes(int device, std::int32_t* pids, std::uint64_t* used, int capacity) {
-    return accounts_.list_members(device, pids, used, capacity);
+  void uncharge(int device, std::uint64_t bytes) {
+    if (device < 0 || device >= kSimDevices) return;
+    accounts_of(device).release(account_index(device), bytes);
   }
+  std::uint64_t used(int device) { return accounts_of(device).usage(account_index(device)).used; }
+  std::uint64_t peak(int device) { return accounts_of(device).usage(account_index(device)).peak; }
+  // The processes holding memory on a simulated device.
+  int processes(int device, std::int32_t* pids, std::uint64_t* used, int capacity) {
+    return accounts_of(device).list_members(account_index(device), pids, used, capacity);
+  }
+  // Whether any process holds memory on the GPU or any of its GPU instances.
+  bool gpu_in_use(int gpu);
 
   void after_fork_in_child();
 
@@ -180,7 +216,7 @@ class Machine {
   // Sleeps until more than `seen` events have been raised or timeout_ms has passed.
   void wait_for_event(std::uint64_t seen, unsigned timeout_ms) const;
   // The process is exiting: like the driver, free all it held on every device now.
-  void release_process() { accounts_.leave(); }
+  void release_process();
 
  private:
   // Whether the work with `ticket` is known to have ended (without working anything out).
@@ -192,10 +228,18 @@ class Machine {
   // Records the run `work` has had since it got the device, up to end_ns.
   void record_run(int device, PendingWork& work, std::uint64_t end_ns);
 
+  MemberAccounts& accounts_of(int device) {
+    return is_mig_device(device) ? mig_accounts_[gpu_of(device)] : accounts_;
+  }
+  static int account_index(int device) {
+    return is_mig_device(device) ? gi_slot_of(device) : device;
+  }
+
   SharedMapping mapping_;
   MachineFile* file_ = nullptr;
   std::int32_t pid_ = 0;  // this process's, kept: getpid is a system call
   MemberAccounts accounts_;
+  MemberAccounts mig_accounts_[kMaxDevices];
 };
 
 // The process's one machine (each simulated library has its own handle on the file).

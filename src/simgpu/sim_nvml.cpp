@@ -207,30 +207,40 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemo
 namespace {
 
 // The device's processes (those holding memory on it) into `infos`, NVML's way: the count
-// is set whatever happens, and too small a buffer is NVML_ERROR_INSUFFICIENT_SIZE.
+// is set whatever happens, and too small a buffer is NVML_ERROR_INSUFFICIENT_SIZE. A MIG
+// device lists the processes in its GPU instance; a GPU, its own and every instance's.
 template <typename Info, typename Fill>
 nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* count, Info* infos, Fill fill) {
-  // The simulated accounts are per GPU: a MIG device reports every process on its GPU.
+  constexpr int kMost = tessera::kMaxMembers * (1 + tessera::sim::kMigSlots);
+  MigProcess found[kMost];
+  int total = 0;
   if (is_mig_handle(device)) {
-    if (nvmlReturn_t status = mig_parent(device, device); status != NVML_SUCCESS) return status;
+    total = mig_processes(device, -1, found, kMost);
+  } else {
+    int index = 0;
+    if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
+    std::int32_t pids[tessera::kMaxMembers];
+    std::uint64_t used[tessera::kMaxMembers];
+    const int whole = machine().processes(index, pids, used, tessera::kMaxMembers);
+    for (; total < whole && total < tessera::kMaxMembers; ++total) {
+      found[total] = {static_cast<unsigned>(pids[total]), used[total], 0xFFFFFFFFu, 0xFFFFFFFFu};
+    }
+    total += mig_processes(device, index, found + total, kMost - total);
   }
-  int index = 0;
-  if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
   if (count == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  std::int32_t pids[tessera::kMaxMembers];
-  std::uint64_t used[tessera::kMaxMembers];
-  const int found = machine().processes(index, pids, used, tessera::kMaxMembers);
+  if (total > kMost) total = kMost;
   const unsigned capacity = *count;
-  *count = static_cast<unsigned>(found);
-  if (static_cast<unsigned>(found) > capacity || (found > 0 && infos == nullptr)) {
+  *count = static_cast<unsigned>(total);
+  if (static_cast<unsigned>(total) > capacity || (total > 0 && infos == nullptr)) {
     return NVML_ERROR_INSUFFICIENT_SIZE;
   }
-  for (int i = 0; i < found; ++i) infos[i] = fill(static_cast<unsigned>(pids[i]), used[i]);
+  for (int i = 0; i < total; ++i) infos[i] = fill(found[i]);
   return NVML_SUCCESS;
 }
 
-nvmlProcessInfo_t process_info(unsigned pid, std::uint64_t used) {
-  return nvmlProcessInfo_t{pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu};
+nvmlProcessInfo_t process_info(const MigProcess& process) {
+  return nvmlProcessInfo_t{process.pid, process.used, process.gpu_instance,
+                           process.compute_instance};
 }
 
 }  // namespace
@@ -250,8 +260,8 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev
 SIM_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
                                                              unsigned int* count,
                                                              nvmlProcessInfo_v1_t* infos) {
-  return running_processes(device, count, infos, [](unsigned pid, std::uint64_t used) {
-    return nvmlProcessInfo_v1_t{pid, used};
+  return running_processes(device, count, infos, [](const MigProcess& process) {
+    return nvmlProcessInfo_v1_t{process.pid, process.used};
   });
 }
 

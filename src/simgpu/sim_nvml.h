@@ -20,4 +20,14 @@ abi::nvmlReturn_t mig_device_uuid(abi::nvmlDevice_t device, char* uuid, unsigned
 abi::nvmlReturn_t mig_device_memory(abi::nvmlDevice_t device, abi::nvmlMemory_t* memory);
 abi::nvmlReturn_t mig_parent(abi::nvmlDevice_t device, abi::nvmlDevice_t& parent);
 
+// A process holding memory in a GPU instance, with the instance's IDs.
+struct MigProcess {
+  unsigned pid;
+  unsigned long long used;
+  unsigned gpu_instance, compute_instance;
+};
+// The processes in a MIG device's GPU instance, or in every instance of GPU `gpu` when
+// `device` is no MIG handle; stores up to `capacity`, returns how many there are.
+int mig_processes(abi::nvmlDevice_t device, int gpu, MigProcess* out, int capacity);
+
 }  // namespace tessera::sim::nvml

@@ -169,11 +169,17 @@ bool mig_device_of(nvmlDevice_t handle, MigDeviceRef& ref) {
          decode(handle, mig_handles, kMigSlots * kMigSlots, kMigSlots, ref.device, ref.gi, ref.ci);
 }
 
-// Whether any process holds memory on the device (a context is enough).
+// Whether any process holds memory on the GPU or in one of its instances (a context is
+// enough).
 bool device_in_use(int device) {
+  return machine().gpu_in_use(device);
+}
+
+// Whether any process holds memory in GPU instance `gi` of the device.
+bool instance_in_use(int device, int gi) {
   std::int32_t pids[1];
   std::uint64_t used[1];
-  return machine().processes(device, pids, used, 1) > 0;
+  return machine().processes(tessera::sim::mig_device_id(device, gi), pids, used, 1) > 0;
 }
 
 nvmlReturn_t mig_table_for_index(int device, SimMigTable& table) {
@@ -239,6 +245,10 @@ nvmlReturn_t create_gpu_instance(int device, MigState& state, const SimMigTable&
   instance.start = static_cast<unsigned>(start);
   instance.size = profile.size;
   instance.serial = ++state.next_serial;
+  instance.compute_slices = profile.compute_slices;
+  instance.sms = profile.sms;
+  instance.memory_mib = profile.memory_mib;
+  std::snprintf(instance.name, sizeof instance.name, "%s", profile.name);
   instance.used = 1;
   if (handle != nullptr)
     *handle = reinterpret_cast<nvmlGpuInstance_t>(&gi_handles[device][free_slot]);
@@ -306,8 +316,7 @@ nvmlReturn_t mig_device_uuid(nvmlDevice_t device, char* uuid, unsigned length) {
   MigComputeInstance* ci = nullptr;
   if (!locked_mig_device(device, ref, gi, ci)) return NVML_ERROR_INVALID_ARGUMENT;
   char text[48];
-  std::snprintf(text, sizeof text, "MIG-7e55e7a0-%04x-4%03x-8%03x-%012x", ref.device & 0xffff,
-                gi->id & 0xfff, static_cast<unsigned>(ref.ci) & 0xfff, gi->serial);
+  tessera::sim::format_mig_uuid(ref.device, *gi, ref.ci, text, sizeof text);
   machine().unlock_mig();
   return copy_string(uuid, length, text);
 }
@@ -322,10 +331,46 @@ nvmlReturn_t mig_device_memory(nvmlDevice_t device, nvmlMemory_t* memory) {
   mig_table_for_index(ref.device, table);
   const std::uint64_t total = profile_by_index(table, gi->profile)->memory_mib << 20;
   machine().unlock_mig();
+  const std::uint64_t used = machine().used(tessera::sim::mig_device_id(ref.device, ref.gi));
   memory->total = total;
-  memory->used = 0;
-  memory->free = total;
+  memory->used = used < total ? used : total;
+  memory->free = total - memory->used;
   return NVML_SUCCESS;
+}
+
+int mig_processes(nvmlDevice_t device, int gpu, MigProcess* out, int capacity) {
+  MigDeviceRef ref;
+  const bool one = mig_device_of(device, ref);
+  if (one) gpu = ref.device;
+  if (gpu < 0 || gpu >= machine().spec().device_count) return 0;
+  // The instances' IDs first, under the MIG lock; the accounts are read after it.
+  unsigned gi_ids[kMigSlots] = {}, ci_ids[kMigSlots] = {};
+  bool wanted[kMigSlots] = {};
+  const MigState& state = machine().lock_mig(gpu);
+  for (int slot = 0; slot < kMigSlots; ++slot) {
+    const MigGpuInstance& instance = state.instances[slot];
+    wanted[slot] = instance.used != 0 && (!one || slot == ref.gi);
+    gi_ids[slot] = instance.id;
+    ci_ids[slot] = one ? static_cast<unsigned>(ref.ci) : 0;
+    for (int ci = kMigSlots - 1; !one && ci >= 0; --ci) {
+      if (instance.compute[ci].used != 0) ci_ids[slot] = static_cast<unsigned>(ci);
+    }
+  }
+  machine().unlock_mig();
+  int found = 0;
+  for (int slot = 0; slot < kMigSlots; ++slot) {
+    if (!wanted[slot]) continue;
+    std::int32_t pids[tessera::kMaxMembers];
+    std::uint64_t used[tessera::kMaxMembers];
+    const int here = machine().processes(tessera::sim::mig_device_id(gpu, slot), pids, used,
+                                         tessera::kMaxMembers);
+    for (int i = 0; i < here && i < tessera::kMaxMembers; ++i, ++found) {
+      if (found < capacity) {
+        out[found] = {static_cast<unsigned>(pids[i]), used[i], gi_ids[slot], ci_ids[slot]};
+      }
+    }
+  }
+  return found;
 }
 
 nvmlReturn_t mig_parent(nvmlDevice_t device, nvmlDevice_t& parent) {
@@ -615,7 +660,8 @@ SIM_EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t h
   }
   nvmlReturn_t status = NVML_ERROR_INSUFFICIENT_RESOURCES;
   if (free_slot >= 0 && start >= 0) {
-    instance->compute[free_slot] = {1, profile, static_cast<unsigned>(start), info.sliceCount};
+    instance->compute[free_slot] = {1, profile, static_cast<unsigned>(start), info.sliceCount,
+                                    info.multiprocessorCount};
     *created = reinterpret_cast<nvmlComputeInstance_t>(&ci_handles[device][gi_slot][free_slot]);
     status = NVML_SUCCESS;
   }
@@ -683,15 +729,15 @@ SIM_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t hand
   return NVML_SUCCESS;
 }
 
-// Refused while a process uses the GPU (the simulated accounts are per GPU, not per MIG
-// device: any process on it counts).
+// Refused while a process holds memory in its GPU instance (the simulated accounts are per
+// GPU instance: a process on another compute instance of the same one counts too).
 SIM_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t handle) {
   int device = 0, gi = 0, ci = 0;
   if (!initialized ||
       !decode(handle, ci_handles, kMigSlots * kMigSlots, kMigSlots, device, gi, ci)) {
     return NVML_ERROR_INVALID_ARGUMENT;
   }
-  if (device_in_use(device)) return NVML_ERROR_IN_USE;
+  if (instance_in_use(device, gi)) return NVML_ERROR_IN_USE;
   MigComputeInstance* compute = locked_compute_instance(handle, device, gi, ci);
   if (compute == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   compute->used = 0;

@@ -604,6 +604,13 @@ int main(int argc, char** argv) {
     std::size_t total = 0;
     check(cuDeviceTotalMem_v2(&total, 0), "cuDeviceTotalMem");
     std::printf("device_total=%zu\n", total);
+    int count = 0, sms = 0;
+    check(cuDeviceGetCount(&count), "cuDeviceGetCount");
+    check(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0),
+          "cuDeviceGetAttribute");
+    char name[128] = {};
+    check(cuDeviceGetName(name, sizeof name, 0), "cuDeviceGetName");
+    std::printf("device_count=%d\ndevice_sms=%d\ndevice_name=%s\n", count, sms, name);
     return 0;
   }
   if (command == "init-context") {  // initialise and retain the primary context
