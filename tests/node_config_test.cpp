@@ -595,6 +595,41 @@ TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
   EXPECT_EQ(all.devices[1].container_path, "/dev/nvidiactl");
 }
 
+// With passDeviceSpecs, a MIG device's container gets its GPU's node and the nodes of its
+// GPU and compute instances' capabilities, whose minors the driver gives in /proc; a
+// capability the driver does not describe refuses the allocation, naming the file.
+TEST(NodeAllocation, PassDeviceSpecsGivesAMigDeviceItsInstanceCapabilityNodes) {
+  ScratchDirectory root;
+  Inventory node = machine(2);
+  give_mig_devices(node.gpus[1], {"3g.20gb", "1g.5gb"});
+  PluginConfig config =
+      parse_plugin_config("flags: {migStrategy: mixed, plugin: {passDeviceSpecs: true}}", "mixed");
+  config.flags.nvidia_dev_root = root.path();
+  const std::string caps = root.file("proc/driver/nvidia/capabilities/gpu1/mig/gi2");
+  std::filesystem::create_directories(caps + "/ci0");
+  std::ofstream(caps + "/access") << "DeviceFileMinor: 21\nDeviceFileMode: 292\n";
+  std::ofstream(caps + "/ci0/access") << "DeviceFileMinor: 22\nDeviceFileMode: 292\n";
+  const ContainerAllocation mig = expose_devices(node, config, {{1, 1}}, "r");
+  std::vector<std::string> paths;
+  for (const DeviceNodeSpec& device : mig.devices) paths.push_back(device.container_path);
+  EXPECT_EQ(paths, (std::vector<std::string>{"/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap21",
+                                             "/dev/nvidia-caps/nvidia-cap22", "/dev/nvidiactl"}));
+  EXPECT_EQ(mig.devices[1].host_path, root.path() + "/dev/nvidia-caps/nvidia-cap21");
+  // Instance 1 (the 3g) has no capability files here; a file without a minor is refused too.
+  try {
+    expose_devices(node, config, {{1, 0}}, "r");
+    ADD_FAILURE() << "allocated without the instance's capability";
+  } catch (const AllocationError& refused) {
+    EXPECT_NE(std::string(refused.what()).find("gpu1/mig/gi1/access: cannot be read"),
+              std::string::npos)
+        << refused.what();
+  }
+  std::ofstream(caps + "/ci0/access") << "DeviceFileMode: 292\n";
+  EXPECT_THROW(expose_devices(node, config, {{1, 1}}, "r"), AllocationError);
+  // Whole GPUs need none of it.
+  EXPECT_EQ(expose_devices(node, config, {{0, -1}}, "r").devices.size(), 2u);
+}
+
 TEST(NodeLabels, GfdLabelsSayWhatNvidiasSayWithTheSeedsSharingLabel) {
   const Inventory t4 = machine(4, "Tesla T4");
   const PluginConfig shared =

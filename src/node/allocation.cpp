@@ -145,20 +145,64 @@ std::vector<DeviceRef> requested_devices(const Resource& resource,
   return devices;
 }
 
+namespace {
+
+// The device node of a MIG capability ("gpu0/mig/gi1/access"): the driver names its minor in
+// /proc/driver/nvidia/capabilities/<capability> ("DeviceFileMinor: 21"), and the node is
+// /dev/nvidia-caps/nvidia-cap<minor>.
+DeviceNodeSpec mig_capability_node(const std::string& root, const std::string& capability) {
+  const std::string file = under_root(root, "/proc/driver/nvidia/capabilities/" + capability);
+  std::string text;
+  try {
+    text = read_file_bounded(file, 4096);
+  } catch (const ConfigError& unreadable) {
+    throw AllocationError(fmt::format("MIG device node: {}", unreadable.what()));
+  }
+  const std::string key = "DeviceFileMinor:";
+  const std::size_t at = text.find(key);
+  unsigned minor = 0;
+  std::size_t digits = 0;
+  for (std::size_t i = at == std::string::npos ? text.size() : at + key.size();
+       i < text.size() && digits < 8; ++i) {
+    if (text[i] == ' ' && digits == 0) continue;
+    if (text[i] < '0' || text[i] > '9') break;
+    minor = minor * 10 + static_cast<unsigned>(text[i] - '0');
+    ++digits;
+  }
+  if (digits == 0) {
+    throw AllocationError(fmt::format("MIG device node: {} names no DeviceFileMinor", file));
+  }
+  const std::string path = fmt::format("/dev/nvidia-caps/nvidia-cap{}", minor);
+  return {path, under_root(root, path), "rw"};
+}
+
+}  // namespace
+
 std::vector<DeviceNodeSpec> device_nodes(const Inventory& inventory, const PluginConfig& config,
-                                         const std::vector<int>& gpus) {
+                                         const std::vector<DeviceRef>& devices) {
   std::vector<DeviceNodeSpec> nodes;
   const std::string& root = config.flags.nvidia_dev_root;
-  for (const int gpu : gpus) {
-    const std::string path =
-        fmt::format("/dev/nvidia{}", inventory.gpus[static_cast<std::size_t>(gpu)].index);
-    nodes.push_back({path, under_root(root, path), "rw"});
+  auto add = [&nodes](DeviceNodeSpec node) {
+    for (const DeviceNodeSpec& present : nodes) {
+      if (present.container_path == node.container_path) return;
+    }
+    nodes.push_back(std::move(node));
+  };
+  for (const DeviceRef& device : devices) {
+    const GpuInfo& gpu = inventory.gpus[static_cast<std::size_t>(device.gpu)];
+    const std::string path = fmt::format("/dev/nvidia{}", gpu.index);
+    add({path, under_root(root, path), "rw"});
+    if (device.mig < 0) continue;
+    // A MIG device also needs the capabilities of its GPU and compute instances.
+    const MigDeviceInfo& mig = gpu.mig_devices[static_cast<std::size_t>(device.mig)];
+    const std::string instance = fmt::format("gpu{}/mig/gi{}", gpu.index, mig.gpu_instance);
+    add(mig_capability_node(root, instance + "/access"));
+    add(mig_capability_node(root, fmt::format("{}/ci{}/access", instance, mig.compute_instance)));
   }
-  nodes.push_back({"/dev/nvidiactl", under_root(root, "/dev/nvidiactl"), "rw"});
+  add({"/dev/nvidiactl", under_root(root, "/dev/nvidiactl"), "rw"});
   // As NVIDIA's plugin: these only where the host has them.
   for (const char* optional : {"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}) {
-    if (exists(under_root(root, optional)))
-      nodes.push_back({optional, under_root(root, optional), "rw"});
+    if (exists(under_root(root, optional))) add({optional, under_root(root, optional), "rw"});
   }
   return nodes;
 }
@@ -175,7 +219,6 @@ ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfi
                                    const std::string& response_id) {
   ContainerAllocation allocation;
   std::vector<std::string> ids;
-  std::vector<int> gpus;
   for (const DeviceRef& device : devices) {
     const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(device.gpu)];
     const bool by_index = config.flags.device_id == DeviceIdStrategy::index;
@@ -185,7 +228,6 @@ ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfi
     } else {
       ids.push_back(by_index ? std::to_string(info.index) : info.uuid);
     }
-    if (std::find(gpus.begin(), gpus.end(), device.gpu) == gpus.end()) gpus.push_back(device.gpu);
   }
   const DeviceListStrategies& strategies = config.flags.device_list;
   if (strategies.envvar) allocation.envs["NVIDIA_VISIBLE_DEVICES"] = join(ids, ",");
@@ -203,7 +245,7 @@ ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfi
         join(qualified, ",");
   }
   if (strategies.cdi_cri) allocation.cdi_devices = qualified;
-  if (config.flags.pass_device_specs) allocation.devices = device_nodes(inventory, config, gpus);
+  if (config.flags.pass_device_specs) allocation.devices = device_nodes(inventory, config, devices);
   if (config.flags.gds_enabled) allocation.envs["NVIDIA_GDS"] = "enabled";
   if (config.flags.mofed_enabled) allocation.envs["NVIDIA_MOFED"] = "enabled";
   return allocation;

@@ -72,9 +72,11 @@ ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfi
 ContainerAllocation expose_gpus(const Inventory& inventory, const PluginConfig& config,
                                 const std::vector<int>& gpus, const std::string& response_id);
 
-// The device nodes a container with `gpus` needs, as passDeviceSpecs gives them.
+// The device nodes a container with `devices` needs, as passDeviceSpecs gives them: each
+// GPU's, a MIG device's instance capabilities (/dev/nvidia-caps), nvidiactl and UVM's.
+// Throws AllocationError when a MIG capability's minor cannot be read.
 std::vector<DeviceNodeSpec> device_nodes(const Inventory& inventory, const PluginConfig& config,
-                                         const std::vector<int>& gpus);
+                                         const std::vector<DeviceRef>& devices);
 
 // A random UUID (version 4), for CDI annotation keys.
 std::string random_uuid();
