@@ -78,6 +78,7 @@ void reset_after_fork() {
   state.arrays.clear();
   current_context = nullptr;
   context_depth = 0;
+  forget_mps(state.mps);
   machine().after_fork_in_child();
 }
 
@@ -226,6 +227,24 @@ const DeviceSpec& spec_of(int device) {
   return machine().spec().devices[gpu_of(device)];
 }
 
+// Takes device memory for this process: refused when an MPS client's daemon has gone, or
+// past its pinned-memory limit on that device, or when the device is full.
+pthread_mutex_t mps_memory_lock = PTHREAD_MUTEX_INITIALIZER;
+CUresult take_device_memory(int device, std::uint64_t bytes) {
+  const MpsClient& mps = driver().mps;
+  if (mps.fd < 0) return machine().charge(device, bytes) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  if (mps_daemon_gone(mps)) return CUDA_ERROR_MPS_RPC_FAILURE;
+  std::uint64_t limit = 0;
+  for (int ordinal = 0; ordinal < driver().device_count; ++ordinal) {
+    if (driver().machine_index[ordinal] == device) limit = mps.limits.pinned_bytes[ordinal];
+  }
+  pthread_mutex_lock(&mps_memory_lock);  // the check and the charge as one, across threads
+  const bool within = limit == 0 || machine().process_used(device) + bytes <= limit;
+  const bool taken = within && machine().charge(device, bytes);
+  pthread_mutex_unlock(&mps_memory_lock);
+  return taken ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
 void* map_host(std::uint64_t bytes, bool& mapped) {
   mapped = bytes > kSmallAllocation;
   if (!mapped) return std::aligned_alloc(kAllocationUnit, round_up(bytes, kAllocationUnit));
@@ -263,7 +282,9 @@ CUresult allocate_linear(CUdeviceptr* dptr, std::uint64_t bytes) {
   Context* context = nullptr;
   if (CUresult status = require_context(context); status != CUDA_SUCCESS) return status;
   const std::uint64_t charged = round_up(bytes, kAllocationUnit);
-  if (!machine().charge(context->device, charged)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (CUresult taken = take_device_memory(context->device, charged); taken != CUDA_SUCCESS) {
+    return taken;
+  }
   const CUresult status = record_allocation(
       dptr, bytes, Allocation{context, nullptr, context->device, charged, 0, false});
   if (status != CUDA_SUCCESS) machine().uncharge(context->device, charged);
@@ -326,7 +347,9 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, Pool* pool) 
     const std::uint64_t idle = pool->reserved - pool->used;
     if (idle < size) {
       const std::uint64_t grow = round_up(size - idle, kPoolChunk);
-      if (!machine().charge(pool->device, grow)) return CUDA_ERROR_OUT_OF_MEMORY;
+      if (CUresult taken = take_device_memory(pool->device, grow); taken != CUDA_SUCCESS) {
+        return taken;
+      }
       pool->reserved += grow;
       if (pool->reserved > pool->reserved_high) pool->reserved_high = pool->reserved;
     }
@@ -400,7 +423,9 @@ CUresult create_array(std::uint64_t* handle, const CUDA_ARRAY3D_DESCRIPTOR& desc
     level.Height = level.Height > 1 ? level.Height / 2 : level.Height;
     level.Depth = level.Depth > 1 ? level.Depth / 2 : level.Depth;
   }
-  if (!machine().charge(context->device, total)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (CUresult taken = take_device_memory(context->device, total); taken != CUDA_SUCCESS) {
+    return taken;
+  }
   auto* token = static_cast<char*>(std::malloc(1));  // a unique handle value
   Lock locked;
   if (token == nullptr || !locked->arrays.put(reinterpret_cast<std::uint64_t>(token),
@@ -442,7 +467,10 @@ CUresult array_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* requirements, std::u
 CUresult new_context(CUdevice ordinal, Context*& context) {
   int index = 0;
   if (CUresult status = machine_device(ordinal, index); status != CUDA_SUCCESS) return status;
-  if (!machine().charge(index, spec_of(index).context_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (CUresult taken = take_device_memory(index, spec_of(index).context_bytes);
+      taken != CUDA_SUCCESS) {
+    return taken;
+  }
   context = static_cast<Context*>(std::calloc(1, sizeof(Context)));
   if (context == nullptr) {
     machine().uncharge(index, spec_of(index).context_bytes);
@@ -683,9 +711,17 @@ CUresult launch(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
   if (grid_x == 0 || grid_y == 0 || grid_z == 0 || block_x == 0 || block_y == 0 || block_z == 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  // A wave is one block per SM: a grid larger than the device takes several.
+  const MpsClient& mps = driver().mps;
+  if (mps_daemon_gone(mps)) return CUDA_ERROR_MPS_RPC_FAILURE;
+  // A wave is one block per SM: a grid larger than the device takes several. An MPS client
+  // has only its active thread percentage of the SMs.
   const std::uint64_t blocks = std::uint64_t{grid_x} * grid_y * grid_z;
-  const auto sms = static_cast<std::uint64_t>(spec_of(context->device).sm_count);
+  auto sms = static_cast<std::uint64_t>(spec_of(context->device).sm_count);
+  if (mps.fd >= 0) {
+    const auto share =
+        static_cast<std::uint64_t>(static_cast<double>(sms) * mps.limits.thread_percentage / 100.0);
+    sms = share > 0 ? share : 1;
+  }
   const std::uint64_t waves = (blocks + sms - 1) / sms;
   return submit(stream_of(handle, context), reinterpret_cast<Function*>(f)->duration_ns * waves);
 }
@@ -724,6 +760,7 @@ SIM_EXPORT CUresult cuInit(unsigned int flags) {
   Lock locked;
   if (!state.initialized) {
     state.device_count = parse_visible_devices(state.machine_index, state.visible);
+    if (CUresult attached = attach_mps(state.mps); attached != CUDA_SUCCESS) return attached;
     state.initialized = true;
   }
   return state.device_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
@@ -1420,7 +1457,9 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_
   if (handle == nullptr || flags != 0 || size == 0 || size % kVmmGranularity != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (device >= 0 && !machine().charge(device, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (device >= 0) {
+    if (CUresult taken = take_device_memory(device, size); taken != CUDA_SUCCESS) return taken;
+  }
   char name[32];
   std::snprintf(name, sizeof name, device >= 0 ? "tessera-vmm-d%d" : "tessera-vmm-host", device);
   const int memfd = memfd_create(name, MFD_CLOEXEC);

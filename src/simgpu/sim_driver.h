@@ -11,6 +11,7 @@
 #include "common/limits.h"
 #include "cuda_abi/cuda_abi.h"
 #include "simgpu/sim_config.h"
+#include "simgpu/sim_mps_client.h"
 
 namespace tessera::sim {
 
@@ -99,6 +100,7 @@ struct Driver {
   int device_count;
   int machine_index[kMaxDevices];   // ordinal -> simulated device (after CUDA_VISIBLE_DEVICES)
   DeviceSpec visible[kMaxDevices];  // ordinal -> what it is (a MIG device: its instance's)
+  MpsClient mps;                    // attached to an MPS control daemon, or not
   struct {
     Context* context;
     int retains;

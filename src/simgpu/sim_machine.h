@@ -175,6 +175,10 @@ class Machine {
   }
   std::uint64_t used(int device) { return accounts_of(device).usage(account_index(device)).used; }
   std::uint64_t peak(int device) { return accounts_of(device).usage(account_index(device)).peak; }
+  // What this process holds on a simulated device.
+  std::uint64_t process_used(int device) {
+    return accounts_of(device).member_used(account_index(device));
+  }
   // The processes holding memory on a simulated device.
   int processes(int device, std::int32_t* pids, std::uint64_t* used, int capacity) {
     return accounts_of(device).list_members(account_index(device), pids, used, capacity);
