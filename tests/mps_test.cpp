@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "simgpu/sim_machine.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -145,6 +146,85 @@ TEST(MpsClient, IsHeldToThePinnedLimitAndFailsWhenItsDaemonDies) {
   client.wait();
   // Its socket is left behind, and nobody answers on it.
   EXPECT_EQ(machine.worker_run({"init"}).value("result"), "805");  // MPS_CONNECTION_FAILED
+}
+
+// How two processes that each ran `kernels` shared device 0, from the device's own record:
+// over the time both had work there, each one's busy time, and the share of the SMs it ran on.
+struct SharedRun {
+  std::uint64_t window_ns = 0;
+  std::uint64_t busy_ns[2] = {};
+  double sm_share[2] = {};
+};
+SharedRun shared_run(const MpsMachine& machine, const Finished (&runs)[2]) {
+  setenv("TESSERA_SIM_STATE", machine.scratch.file("simgpu").c_str(), 1);
+  setenv("TESSERA_SIM_DEVICES", "H100", 1);
+  sim::Machine record;
+  ErrorText error;
+  EXPECT_TRUE(record.attach(error)) << error.text;
+  std::uint64_t from = 0, to = UINT64_MAX;
+  std::int32_t pids[2];
+  for (int i = 0; i < 2; ++i) {
+    pids[i] = static_cast<std::int32_t>(runs[i].number("pid"));
+    std::vector<sim::WorkPiece> pieces(1000);
+    const int count = record.pieces(0, pids[i], 0, UINT64_MAX, pieces.data(), 1000);
+    EXPECT_GT(count, 0);
+    if (count <= 0) return {};
+    std::uint64_t first = UINT64_MAX, last = 0;
+    for (int k = 0; k < count && k < 1000; ++k) {
+      first = std::min(first, pieces[static_cast<std::size_t>(k)].start_ns);
+      last = std::max(last, pieces[static_cast<std::size_t>(k)].end_ns);
+    }
+    from = std::max(from, first);
+    to = std::min(to, last);
+  }
+  SharedRun run;
+  if (to <= from) return run;
+  run.window_ns = to - from;
+  for (int i = 0; i < 2; ++i) {
+    const sim::BusyTime busy = record.busy(0, pids[i], from, to);
+    run.busy_ns[i] = busy.process_ns;
+    run.sm_share[i] = busy.process_ns == 0 ? 0
+                                           : static_cast<double>(busy.process_sm_ns) /
+                                                 static_cast<double>(busy.process_ns);
+  }
+  return run;
+}
+
+// Two clients of one daemon at 50 % each run their kernels side by side, each on half the
+// SMs (so a kernel as wide as the GPU takes two waves); without the daemon the same two
+// processes time-slice the GPU. Launches are asynchronous, and the figures come from the
+// device's record, so what the host does to the workers does not change them.
+TEST(MpsClient, ClientsRunSideBySideEachOnItsThreadPercentage) {
+  MpsMachine machine;
+  auto both = [&](const char* kernel) {
+    std::unique_ptr<Running> workers[2];
+    for (auto& running : workers) {
+      running = std::make_unique<Running>(
+          std::vector<std::string>{worker(), "kernels", "plain", kernel, "150", "132"},
+          machine.environment);
+    }
+    Finished runs[2];
+    for (int i = 0; i < 2; ++i) runs[i] = workers[i]->finish();
+    for (const Finished& one : runs) EXPECT_EQ(one.exit_code, 0) << one.out;
+    return shared_run(machine, runs);
+  };
+  // Time-sliced: together never busier than the device.
+  const SharedRun sliced = both("k@2ms");
+  ASSERT_GT(sliced.window_ns, 0u);
+  EXPECT_LE(sliced.busy_ns[0] + sliced.busy_ns[1], sliced.window_ns + 1'000'000);
+  EXPECT_DOUBLE_EQ(sliced.sm_share[0], 1.0);
+
+  const std::unique_ptr<Running> daemon = machine.start_daemon();
+  ASSERT_TRUE(machine.answers());
+  ASSERT_EQ(machine.control("set_default_active_thread_percentage 50\n").out, "50.0\n");
+  const SharedRun side_by_side = both("k@1ms");
+  ASSERT_GT(side_by_side.window_ns, 100'000'000u);  // 150 kernels of two 1 ms waves each
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GE(side_by_side.busy_ns[i], side_by_side.window_ns * 9 / 10) << i;
+    EXPECT_NEAR(side_by_side.sm_share[i], 0.5, 0.001) << i;
+  }
+  ASSERT_EQ(machine.control("quit\n").exit_code, 0);
+  EXPECT_EQ(daemon->wait(), 0);
 }
 
 }  // namespace

@@ -761,6 +761,11 @@ SIM_EXPORT CUresult cuInit(unsigned int flags) {
   if (!state.initialized) {
     state.device_count = parse_visible_devices(state.machine_index, state.visible);
     if (CUresult attached = attach_mps(state.mps); attached != CUDA_SUCCESS) return attached;
+    if (state.mps.fd >= 0) {
+      machine().join_mps_server(
+          state.mps.limits.server,
+          static_cast<std::uint32_t>(state.mps.limits.thread_percentage * 10 + 0.5));
+    }
     state.initialized = true;
   }
   return state.device_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;

@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -119,6 +120,8 @@ bool Machine::attach(ErrorText& error) {
 void Machine::after_fork_in_child() {
   if (file_ == nullptr) return;
   pid_ = static_cast<std::int32_t>(getpid());
+  group_ = 0;  // an MPS client's child is no client until it initialises CUDA again
+  sm_permille_ = 1000;
   mapping_.reopen_in_child();
   accounts_.forget_slot();  // the child joins on its first charge
   for (MemberAccounts& accounts : mig_accounts_) accounts.forget_slot();
@@ -176,8 +179,15 @@ std::uint64_t Machine::submit(int device, std::uint64_t duration_ns) {
       const std::uint64_t ticket = file_->next_ticket.fetch_add(1, std::memory_order_relaxed) + 1;
       // Not before what is already decided: another process may have worked it out to a
       // moment after this one read the clock.
-      schedule.pending[schedule.count++] = PendingWork{
-          ticket, now > schedule.resolved_ns ? now : schedule.resolved_ns, duration_ns, 0, 0, pid_};
+      schedule.pending[schedule.count++] =
+          PendingWork{ticket,
+                      now > schedule.resolved_ns ? now : schedule.resolved_ns,
+                      duration_ns,
+                      0,
+                      0,
+                      pid_,
+                      group_ != 0 ? group_ : pid_,
+                      sm_permille_};
       unlock_robust(&schedule.lock);
       return ticket;
     }
@@ -221,7 +231,9 @@ std::uint64_t Machine::wait(int device, std::uint64_t ticket) {
     for (std::uint32_t i = 0; i < schedule.count; ++i) {
       const PendingWork& work = schedule.pending[i];
       if (work.ticket <= ticket && work.pid == pid_) ahead += work.remaining_ns;
-      if (work.pid == schedule.current_pid && work.pid != pid_) running += work.remaining_ns;
+      if (work.group == schedule.current_group && work.pid != pid_) {
+        running = std::max(running, work.remaining_ns);
+      }
     }
     if (running > schedule.slice_left_ns) running = schedule.slice_left_ns;
     unlock_robust(&schedule.lock);
@@ -244,6 +256,7 @@ void Machine::record_run(int device, PendingWork& work, std::uint64_t end_ns) {
   entry.end_ns = end_ns;
   entry.work_start_ns = work.first_start_ns;
   entry.completes = work.remaining_ns == 0 ? 1 : 0;
+  entry.sm_permille = work.sm_permille;
   entry.sequence.store(index + 1, std::memory_order_release);
   work.run_start_ns = 0;
 }
@@ -273,52 +286,81 @@ void Machine::advance_locked(int device, std::uint64_t now_ns) {
         if (next_arrival != nullptr) *next_arrival = work.arrival_ns;
         return -1;
       }
-      if ((work.pid == schedule.current_pid) == current) return static_cast<int>(i);
+      if ((work.group == schedule.current_group) == current) return static_cast<int>(i);
     }
     return -1;
+  };
+  // The work that runs at `time` in the current context: its first piece, or for an MPS
+  // server each client's first piece (in order, up to kMostConcurrent clients). Also the
+  // next arrival, which may join them.
+  constexpr int kMostConcurrent = 48;  // MPS's most clients per device
+  int running[kMostConcurrent];
+  auto runnable = [&](std::uint64_t time, std::uint64_t& next_arrival) {
+    int found = 0;
+    for (std::uint32_t i = first_live; i < count && found < kMostConcurrent; ++i) {
+      const PendingWork& work = pending[i];
+      if (work.ticket == 0 || work.group != schedule.current_group) continue;
+      if (work.arrival_ns > time) {
+        next_arrival = std::min(next_arrival, work.arrival_ns);
+        break;
+      }
+      bool behind = false;  // a process's work runs in order: only its first piece
+      for (int j = 0; j < found && !behind; ++j) behind = pending[running[j]].pid == work.pid;
+      if (!behind) running[found++] = static_cast<int>(i);
+      if (schedule.current_group >= 0) break;  // a process runs one piece at a time
+    }
+    return found;
+  };
+  auto preempt_current = [&](std::uint64_t time) {  // its slice is over
+    for (std::uint32_t i = first_live; i < count; ++i) {
+      if (pending[i].ticket != 0 && pending[i].run_start_ns != 0)
+        record_run(device, pending[i], time);
+    }
   };
   std::uint64_t time = schedule.resolved_ns;
   for (;;) {
     while (first_live < count && pending[first_live].ticket == 0) ++first_live;
     if (time >= now_ns || first_live == count) break;
-    // Who may run at `time`: the current process if it has work that has arrived and slice
-    // left or nobody else waiting; else the process whose waiting work came first.
+    // Who may run at `time`: the current context if it has work that has arrived and slice
+    // left or nobody else waiting; else the context whose waiting work came first.
     std::uint64_t next_arrival = UINT64_MAX;
-    int mine = first_arrived(time, true, &next_arrival);
+    const int mine = first_arrived(time, true, &next_arrival);
     const bool choose = mine < 0 || schedule.slice_left_ns == 0;
     const int other = choose ? first_arrived(time, false, &next_arrival) : -1;
     if (mine < 0 && other < 0) {  // idle until the next arrival, which gets a whole slice
-      schedule.current_pid = 0;
+      schedule.current_group = 0;
       schedule.slice_left_ns = 0;
       time = next_arrival < now_ns ? next_arrival : now_ns;
       continue;
     }
     if (mine < 0 || (schedule.slice_left_ns == 0 && other >= 0)) {
-      if (mine >= 0 && pending[mine].run_start_ns != 0) {
-        record_run(device, pending[mine], time);  // its slice is over: preempted
-      }
-      mine = other;
-      schedule.current_pid = pending[mine].pid;
+      if (mine >= 0) preempt_current(time);
+      schedule.current_group = pending[other].group;
       schedule.slice_left_ns = kTimeSliceNs;
     } else if (schedule.slice_left_ns == 0) {
       schedule.slice_left_ns = kTimeSliceNs;  // alone: it keeps the device
     }
-    PendingWork& work = pending[mine];
-    std::uint64_t run = work.remaining_ns;
-    if (run > schedule.slice_left_ns) run = schedule.slice_left_ns;
+    std::uint64_t joins = UINT64_MAX;
+    const int found = runnable(time, joins);
+    std::uint64_t run = schedule.slice_left_ns;
     if (run > now_ns - time) run = now_ns - time;
-    if (work.first_start_ns == 0) work.first_start_ns = time;
-    if (work.run_start_ns == 0) work.run_start_ns = time;
-    work.remaining_ns -= run;
+    if (joins > time && joins - time < run) run = joins - time;  // a client's work arrives
+    for (int j = 0; j < found; ++j) run = std::min(run, pending[running[j]].remaining_ns);
+    for (int j = 0; j < found; ++j) {
+      PendingWork& work = pending[running[j]];
+      if (work.first_start_ns == 0) work.first_start_ns = time;
+      if (work.run_start_ns == 0) work.run_start_ns = time;
+      work.remaining_ns -= run;
+      if (work.remaining_ns == 0) {
+        record_run(device, work, time + run);
+        Completion& completion = file_->completions[work.ticket % kCompletions];
+        completion.end_ns = time + run;
+        completion.ticket.store(work.ticket, std::memory_order_release);
+        work.ticket = 0;
+      }
+    }
     schedule.slice_left_ns -= run;
     time += run;
-    if (work.remaining_ns == 0) {
-      record_run(device, work, time);
-      Completion& completion = file_->completions[work.ticket % kCompletions];
-      completion.end_ns = time;
-      completion.ticket.store(work.ticket, std::memory_order_release);
-      work.ticket = 0;
-    }
   }
   std::uint32_t kept = 0;
   for (std::uint32_t i = 0; i < count; ++i) {
@@ -357,7 +399,10 @@ BusyTime Machine::busy(int device, std::int32_t pid, std::uint64_t from_ns, std:
     const std::uint64_t end = entry.end_ns < to_ns ? entry.end_ns : to_ns;
     if (end <= start) return;
     busy.device_ns += end - start;
-    if (entry.pid == pid) busy.process_ns += end - start;
+    if (entry.pid == pid) {
+      busy.process_ns += end - start;
+      busy.process_sm_ns += (end - start) * entry.sm_permille / 1000;
+    }
   });
   return busy;
 }

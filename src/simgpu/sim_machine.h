@@ -30,6 +30,7 @@ struct TimelineEntry {
   std::uint64_t end_ns;
   std::uint64_t work_start_ns;  // when the kernel this ran first started
   std::uint32_t completes;      // 1: the kernel ended here
+  std::uint32_t sm_permille;    // the most of the device's SMs it could use (MPS: less)
 };
 inline constexpr std::uint64_t kTimelineEntries = 1u << 18;
 
@@ -41,19 +42,25 @@ struct PendingWork {
   std::uint64_t first_start_ns;  // 0 until it first runs
   std::uint64_t run_start_ns;    // while it has the device: since when; else 0
   std::int32_t pid;
+  // Who the device time-slices between: the process itself, or, for MPS clients, their
+  // server (negative), within which the clients' work runs concurrently.
+  std::int32_t group;
+  std::uint32_t sm_permille;
 };
 inline constexpr std::uint32_t kPendingPerDevice = 4096;
 // How long a process keeps the device while another process's work waits, as a GPU
 // time-slices between contexts.
 inline constexpr std::uint64_t kTimeSliceNs = 2'000'000;
 
-// A device runs one process's work at a time, each process's in submission order, and
-// switches to a waiting process when the running one's time slice ends or it runs out of
-// work. The schedule is worked out lazily, up to the present, by whichever process asks.
+// A device runs one context's work at a time, each process's in submission order, and
+// switches to a waiting context when the running one's time slice ends or it runs out of
+// work. A context is a process, or an MPS server whose clients' kernels run side by side
+// (each on its share of the SMs, which its kernels' durations already carry). The schedule
+// is worked out lazily, up to the present, by whichever process asks.
 struct DeviceSchedule {
   alignas(64) pthread_mutex_t lock;
-  std::uint64_t resolved_ns;  // the schedule is decided and recorded up to here
-  std::int32_t current_pid;   // whose slice it is
+  std::uint64_t resolved_ns;   // the schedule is decided and recorded up to here
+  std::int32_t current_group;  // whose slice it is (PendingWork::group)
   std::uint64_t slice_left_ns;
   std::uint32_t count;
   PendingWork pending[kPendingPerDevice];  // in submission order
@@ -154,9 +161,10 @@ struct WorkPiece {
 
 // Busy time seen by the device's record within a window.
 struct BusyTime {
-  std::uint64_t process_ns = 0;  // of the given process
-  std::uint64_t device_ns = 0;   // of everyone
-  bool complete = true;          // false if the ring no longer reaches back to the window
+  std::uint64_t process_ns = 0;     // of the given process
+  std::uint64_t process_sm_ns = 0;  // the same, weighed by the share of SMs it could use
+  std::uint64_t device_ns = 0;      // of everyone (MPS clients running side by side each count)
+  bool complete = true;             // false if the ring no longer reaches back to the window
 };
 
 class Machine {
@@ -188,6 +196,12 @@ class Machine {
 
   void after_fork_in_child();
 
+  // From now on this process's work runs as a client of MPS server `server` (its daemon's
+  // PID), beside the server's other clients, on `sm_permille` of the SMs.
+  void join_mps_server(std::int32_t server, std::uint32_t sm_permille) {
+    group_ = -server;
+    sm_permille_ = sm_permille;
+  }
   // Gives device `duration_ns` of work from this process, after its earlier work; returns
   // the work's ticket (never 0).
   std::uint64_t submit(int device, std::uint64_t duration_ns);
@@ -241,7 +255,9 @@ class Machine {
 
   SharedMapping mapping_;
   MachineFile* file_ = nullptr;
-  std::int32_t pid_ = 0;  // this process's, kept: getpid is a system call
+  std::int32_t pid_ = 0;    // this process's, kept: getpid is a system call
+  std::int32_t group_ = 0;  // 0: the process is its own context
+  std::uint32_t sm_permille_ = 1000;
   MemberAccounts accounts_;
   MemberAccounts mig_accounts_[kMaxDevices];
 };

@@ -5,9 +5,9 @@
 // /tmp/nvidia-mps) and logs to <CUDA_MPS_LOG_DIRECTORY>/control.log (default
 // /var/log/nvidia-mps). Control commands are one line each, answered and closed. A CUDA
 // process that finds the control socket attaches with "tessera-attach <pid>", is answered
-// with the daemon's defaults ("threads <percent>", "limit <ordinal> <bytes>" lines, then
-// "end") and keeps the connection open for as long as it is a client: when the daemon goes,
-// its clients see the connection close.
+// with its server ("server <pid>") and the daemon's defaults ("threads <percent>", "limit
+// <ordinal> <bytes>" lines), then "end", and keeps the connection open for as long as it is a
+// client: when the daemon goes, its clients see the connection close.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,7 @@ bool parse_mps_memory(const char* text, std::uint64_t& bytes);
 // What an MPS client is held to (the daemon's defaults, lowered by the client's own
 // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT).
 struct MpsClientLimits {
+  std::int32_t server = 0;  // the PID its kernels run under, beside the other clients'
   double thread_percentage = 100;
   std::uint64_t pinned_bytes[kMaxDevices] = {};  // by device ordinal; 0: none
 };

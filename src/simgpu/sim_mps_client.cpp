@@ -64,18 +64,21 @@ bool read_defaults(int fd, MpsClientLimits& limits) {
     if (std::strstr(text, "end\n") != nullptr) break;
   }
   if (std::strstr(text, "end\n") == nullptr) return false;
+  limits.server = 0;
   for (char* line = std::strtok(text, "\n"); line != nullptr; line = std::strtok(nullptr, "\n")) {
     double percent = 0;
-    int ordinal = -1;
+    int ordinal = -1, server = 0;
     unsigned long long bytes = 0;
-    if (std::sscanf(line, "threads %lf", &percent) == 1 && percent > 0 && percent <= 100) {
+    if (std::sscanf(line, "server %d", &server) == 1 && server > 0) {
+      limits.server = server;
+    } else if (std::sscanf(line, "threads %lf", &percent) == 1 && percent > 0 && percent <= 100) {
       limits.thread_percentage = percent;
     } else if (std::sscanf(line, "limit %d %llu", &ordinal, &bytes) == 2 && ordinal >= 0 &&
                ordinal < kMaxDevices) {
       limits.pinned_bytes[ordinal] = bytes;
     }
   }
-  return true;
+  return limits.server > 0;
 }
 
 }  // namespace

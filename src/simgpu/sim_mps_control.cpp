@@ -176,7 +176,8 @@ class Daemon {
     }
     if (line.rfind(kMpsAttach, 0) == 0) {
       const long pid = std::strtol(line.c_str() + std::strlen(kMpsAttach), nullptr, 10);
-      std::string reply = "threads " + std::to_string(thread_percentage_) + "\n";
+      std::string reply = "server " + std::to_string(getpid()) + "\nthreads " +
+                          std::to_string(thread_percentage_) + "\n";
       for (const auto& [device, bytes] : pinned_)
         reply += "limit " + std::to_string(device) + " " + std::to_string(bytes) + "\n";
       write_all(connection, reply + "end\n");
