@@ -16,6 +16,7 @@
 #include "node/config.h"
 #include "node/health.h"
 #include "node/labels.h"
+#include "node/mps.h"
 #include "node/resources.h"
 #include "node/slices.h"
 #include "support.h"
@@ -373,14 +374,6 @@ TEST(NodeResources, NvidiasMigStrategiesHoldForGpusWithoutMigDevices) {
                 .at("nvidia.com/gpu")
                 .size(),
             2u);
-  // MPS is read and checked, and not served until MPS lands: said plainly.
-  try {
-    build_resource_map(machine(1),
-                       parse_plugin_config(read_text_file(example("nvidia-mps.yaml")), "mps"));
-    ADD_FAILURE() << "MPS served without MPS daemons";
-  } catch (const ConfigError& refused) {
-    EXPECT_NE(std::string(refused.what()).find("MPS"), std::string::npos);
-  }
 }
 
 // MIG devices as the simulated GPU names them, on GPU `gpu`: its instances' profiles in order.
@@ -393,6 +386,66 @@ void give_mig_devices(GpuInfo& gpu, const std::vector<std::string>& profiles) {
          profile, index, static_cast<unsigned>(index + 1), 0,
          (profile.rfind("3g", 0) == 0 ? 19968ull : 4864ull) << 20,
          profile.rfind("3g", 0) == 0 ? 42 : 14});
+  }
+}
+
+// NVIDIA's MPS config: replicas like time-slicing's, served through a daemon per resource
+// with NVIDIA's defaults; more replicas than MPS has clients, and MIG devices, are refused.
+TEST(NodeResources, MpsReplicasAreServedThroughOneDaemonPerResourceWithNvidiasDefaults) {
+  const Inventory two = machine(2);
+  const PluginConfig config =
+      parse_plugin_config(read_text_file(example("nvidia-mps.yaml")), "mps");
+  const ResourceMap map = build_resource_map(two, config);
+  const Resource* shared = map.find("nvidia.com/gpu");
+  ASSERT_NE(shared, nullptr);
+  EXPECT_TRUE(shared->mps);
+  EXPECT_EQ(shared->devices.size(), 20u);
+  const std::vector<MpsDaemonSpec> daemons = mps_daemon_specs(two, config, map);
+  ASSERT_EQ(daemons.size(), 1u);
+  EXPECT_EQ(daemons[0].pipe_dir, "/run/nvidia/mps/nvidia.com/gpu/pipe");
+  EXPECT_EQ(daemons[0].log_dir, "/run/nvidia/mps/nvidia.com/gpu/log");
+  EXPECT_EQ(daemons[0].thread_percentage, 10);
+  EXPECT_EQ(daemons[0].uuids,
+            (std::vector<std::string>{simulated_gpu_uuid(0), simulated_gpu_uuid(1)}));
+  EXPECT_EQ(daemons[0].pinned_bytes, (std::vector<std::uint64_t>(2, (40960ull << 20) / 10)));
+  ContainerAllocation allocation;
+  add_mps_access(allocation, config, "nvidia.com/gpu");
+  EXPECT_EQ(allocation.envs.at("CUDA_MPS_PIPE_DIRECTORY"), "/run/nvidia/mps/nvidia.com/gpu/pipe");
+  ASSERT_EQ(allocation.mounts.size(), 2u);
+  EXPECT_EQ(allocation.mounts[1].container_path, "/dev/shm");
+  EXPECT_EQ(allocation.mounts[1].host_path, "/run/nvidia/mps/shm");
+  // Time-slicing needs no daemon.
+  const PluginConfig sliced = parse_plugin_config(
+      "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}", "ts");
+  EXPECT_TRUE(mps_daemon_specs(two, sliced, build_resource_map(two, sliced)).empty());
+
+  const std::string mps_of =
+      "flags: {mpsRoot: /run/mps}\nsharing: {mps: {resources: [{name: "
+      "nvidia.com/gpu, replicas: ";
+  try {
+    build_resource_map(two, parse_plugin_config(mps_of + "49}]}}", "many"));
+    ADD_FAILURE() << "49 MPS replicas served";
+  } catch (const ConfigError& refused) {
+    EXPECT_NE(std::string(refused.what())
+                  .find("sharing.mps.resources[0]: replicas: 49 is more clients than MPS serves "
+                        "on a GPU (48)"),
+              std::string::npos)
+        << refused.what();
+  }
+  EXPECT_NO_THROW(build_resource_map(two, parse_plugin_config(mps_of + "48}]}}", "most")));
+  Inventory mig = machine(1);
+  give_mig_devices(mig.gpus[0], {"3g.20gb"});
+  try {
+    build_resource_map(mig, parse_plugin_config("flags: {migStrategy: single, mpsRoot: /run/mps}\n"
+                                                "sharing: {mps: {resources: [{name: "
+                                                "nvidia.com/gpu, replicas: 2}]}}",
+                                                "mig"));
+    ADD_FAILURE() << "MPS served on MIG devices";
+  } catch (const ConfigError& refused) {
+    EXPECT_NE(
+        std::string(refused.what()).find("sharing using MPS is not supported for MIG devices"),
+        std::string::npos)
+        << refused.what();
   }
 }
 

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -506,6 +507,117 @@ TEST(Node, AnXidMakesEveryReplicaOfItsGpuUnhealthyWithinASecondAndTheGpuRecovers
       },
       1s))
       << node.log();
+}
+
+// MPS as NVIDIA's config asks for it: GPU 0 shared through a daemon under mpsRoot, started
+// with NVIDIA's defaults (checked from the simulated daemon's own record), its containers
+// given the pipe and the MPS shared memory, and a client held to its share; the daemon,
+// killed with -9, makes that GPU's replicas unhealthy within 2 s, is restarted, and they
+// recover, while GPU 1 (whole, no MPS) is untouched throughout.
+TEST(Node, MpsDaemonsAreStartedWithNvidiasLimitsSupervisedAndRestarted) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  const std::string root = scratch.file("mps");
+  std::ofstream(scratch.file("config.yaml"))
+      << "version: v1\nflags:\n  mpsRoot: " << root
+      << "\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
+         "      rename: nvidia.com/gpu.mps\n      devices: [0]\n      replicas: 4\n";
+  const Environment env = machine(scratch);
+  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, env);
+  ASSERT_TRUE(node.started()) << node.log();
+  std::set<std::string> replicas = simulated_replica_ids({0}, 4);
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu.mps", has_ids(replicas), 10s)) << node.log();
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids({simulated_gpu_uuid(1)}), 10s));
+
+  // The daemon's own record: NVIDIA's defaults, 100/4 % and a quarter of GPU 0's memory.
+  const std::string resource_dir = root + "/nvidia.com/gpu.mps";
+  const std::string record = read_text_file(resource_dir + "/log/control.log");
+  const std::uint64_t memory = run({worker(), "info"}, env).number("device_total");
+  EXPECT_NE(record.find("Accepting command: set_default_active_thread_percentage 25"),
+            std::string::npos)
+      << record;
+  EXPECT_NE(record.find("Accepting command: set_default_device_pinned_mem_limit 0 " +
+                        std::to_string((memory / 4) >> 20) + "M"),
+            std::string::npos)
+      << record;
+
+  // A container of the resource gets the pipe and MPS's shared memory; a client there is
+  // held to a quarter of the GPU.
+  v1beta1::AllocateResponse response;
+  ASSERT_TRUE(kubelet.allocate("nvidia.com/gpu.mps", {{*replicas.begin()}}, response).ok());
+  const auto& container = response.container_responses(0);
+  EXPECT_EQ(container.envs().at("CUDA_MPS_PIPE_DIRECTORY"), resource_dir + "/pipe");
+  std::set<std::pair<std::string, std::string>> mounts;
+  for (const auto& mount : container.mounts())
+    mounts.insert({mount.container_path(), mount.host_path()});
+  EXPECT_EQ(mounts.count({resource_dir + "/pipe", resource_dir + "/pipe"}), 1u);
+  EXPECT_EQ(mounts.count({"/dev/shm", root + "/shm"}), 1u);
+  Environment client = env;
+  client["CUDA_MPS_PIPE_DIRECTORY"] = container.envs().at("CUDA_MPS_PIPE_DIRECTORY");
+  client["CUDA_VISIBLE_DEVICES"] = simulated_gpu_uuid(0);
+  const Finished filled = run({worker(), "fill", std::to_string(256 << 20)}, client);
+  EXPECT_LE(filled.number("allocated") + filled.number("driver_used"), memory / 4);
+  EXPECT_GT(filled.number("allocated") + filled.number("driver_used") + (256 << 20), memory / 4);
+
+  // kill -9 the daemon.
+  std::smatch found;
+  const std::string log = node.log();
+  ASSERT_TRUE(std::regex_search(
+      log, found, std::regex("MPS daemon of nvidia.com/gpu.mps running \\(PID ([0-9]+)\\)")))
+      << log;
+  const std::size_t updates_before = kubelet.updates("nvidia.com/gpu.mps").size();
+  const auto killed = Clock::now();
+  ASSERT_EQ(kill(std::stoi(found[1]), SIGKILL), 0);
+  auto all = [](const TestKubelet::Devices& devices, const std::string& health) {
+    return !devices.empty() && std::all_of(devices.begin(), devices.end(), [&](const auto& entry) {
+      return entry.second.health == health;
+    });
+  };
+  // An unhealthy list within 2 s of the kill, then a healthy one (the kubelet's record of
+  // every list sent, read as it grows: the two may come closer together than a wait sees).
+  bool went_down = false, came_back = false;
+  for (const auto deadline = Clock::now() + 15s; !came_back && Clock::now() < deadline;) {
+    const auto updates = kubelet.updates("nvidia.com/gpu.mps");
+    for (std::size_t i = updates_before; i < updates.size() && !came_back; ++i) {
+      if (!went_down && all(updates[i].devices, "Unhealthy")) {
+        went_down = true;
+        EXPECT_LT(updates[i].at - killed, 2s);
+      }
+      came_back = went_down && all(updates[i].devices, "Healthy");
+    }
+    std::this_thread::sleep_for(20ms);  // polling the kubelet's record
+  }
+  EXPECT_TRUE(came_back) << node.log();
+  EXPECT_TRUE(went_down) << node.log();
+  EXPECT_NE(node.log().find("MPS daemon of nvidia.com/gpu.mps running again"), std::string::npos);
+  // The restarted daemon serves clients again, with the same limits.
+  const Finished again = run({worker(), "fill", std::to_string(256 << 20)}, client);
+  EXPECT_EQ(again.number("allocated"), filled.number("allocated"));
+  // A hung daemon (stopped, its socket still accepting) is found by its silence, replaced,
+  // and its GPU recovers the same way.
+  const std::string log_after_restart = node.log();
+  ASSERT_TRUE(std::regex_search(log_after_restart, found,
+                                std::regex("MPS daemon of nvidia.com/gpu.mps running again "
+                                           "\\(PID ([0-9]+)\\)")));
+  const pid_t hung = std::stoi(found[1]);
+  const std::size_t updates_before_hang = kubelet.updates("nvidia.com/gpu.mps").size();
+  ASSERT_EQ(kill(hung, SIGSTOP), 0);
+  went_down = came_back = false;
+  for (const auto deadline = Clock::now() + 20s; !came_back && Clock::now() < deadline;) {
+    const auto updates = kubelet.updates("nvidia.com/gpu.mps");
+    for (std::size_t i = updates_before_hang; i < updates.size() && !came_back; ++i) {
+      went_down = went_down || all(updates[i].devices, "Unhealthy");
+      came_back = went_down && all(updates[i].devices, "Healthy");
+    }
+    std::this_thread::sleep_for(20ms);  // polling the kubelet's record
+  }
+  EXPECT_TRUE(came_back) << node.log();
+  EXPECT_NE(node.log().find("its pipe does not answer"), std::string::npos) << node.log();
+  kill(hung, SIGKILL);  // if the agent had not
+  // GPU 1 never changed.
+  for (const auto& update : kubelet.updates("nvidia.com/gpu")) {
+    EXPECT_TRUE(all(update.devices, "Healthy"));
+  }
 }
 
 TEST(Node, WithoutAnApiServerItServesFromTheConfigAndSaysOnceWhatNeedsOne) {

@@ -86,6 +86,8 @@ struct NodeOptions {
   std::string ca_file;
   double recovery_seconds = 60;
   std::string replica_policy = "distributed";
+  std::string mps_control;  // empty: nvidia-cuda-mps-control on PATH (the simulated one beside
+                            // the simulated GPU)
 };
 int node_command(const NodeOptions& options);
 

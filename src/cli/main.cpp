@@ -118,6 +118,8 @@ int main(int argc, char** argv) {
       "Seconds without errors after which a failed GPU is healthy again (0: never)");
   node_app->add_option("--replica-policy", node.replica_policy,
                        "Replicas of several GPUs: distributed (fewest in use first) or packed");
+  node_app->add_option("--mps-control", node.mps_control,
+                       "The nvidia-cuda-mps-control to run for sharing.mps (default: on PATH)");
 
   SimGpuEventOptions simgpu_event;
   CLI::App* simgpu_app = app.add_subcommand("simgpu", "Act on the simulated GPU");

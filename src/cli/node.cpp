@@ -90,7 +90,9 @@ int node_command(const NodeOptions& options) {
   if (use_simulated_gpu(installation)) {
     log_line("no NVIDIA driver found; using the simulated GPU");
     agent.nvml_library = installation.simulator_dir + "/libnvidia-ml.so.1";
+    agent.mps_control = installation.simulator_dir + "/nvidia-cuda-mps-control";
   }
+  if (!options.mps_control.empty()) agent.mps_control = options.mps_control;
   if (!options.api_server.empty() || kube::in_cluster()) {
     kube::ApiClientOptions api;
     std::string problem;

@@ -216,6 +216,7 @@ void NodeAgent::stop() {
   for (std::thread& thread : threads_) thread.join();
   threads_.clear();
   monitor_.reset();
+  mps_.reset();  // its daemons are told to quit
   std::lock_guard<std::mutex> locked(servers_mutex_);
   servers_.clear();  // each stops and removes its socket
 }
@@ -269,6 +270,18 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
     ++generation_;
   }
   restart_health(next->config);
+  // The MPS daemons first: a resource is served once its daemon answers.
+  const std::vector<MpsDaemonSpec> daemons = mps_daemon_specs(inventory_, next->config, next->map);
+  if (mps_ == nullptr && !daemons.empty()) {
+    mps_ = std::make_unique<MpsSupervisor>(
+        options_.mps_control, health_,
+        [this] {
+          changes_.notify();
+          request_publish();
+        },
+        [this](const std::string& text) { say(text); }, options_.mps_check_every);
+  }
+  if (mps_ != nullptr) mps_->apply(daemons);
   std::set<std::string> wanted;
   for (const Resource& resource : next->map.resources) wanted.insert(resource.name);
   std::lock_guard<std::mutex> locked(servers_mutex_);
@@ -343,8 +356,10 @@ ContainerAllocation NodeAgent::allocate(const std::string& resource,
   if (served_resource->kind == ResourceKind::slices) {
     return slices_->allocate(inventory_, state->config, *served_resource, ids, health_);
   }
-  return expose_devices(inventory_, state->config, requested_devices(*served_resource, ids),
-                        random_uuid());
+  ContainerAllocation allocation = expose_devices(
+      inventory_, state->config, requested_devices(*served_resource, ids), random_uuid());
+  if (served_resource->mps) add_mps_access(allocation, state->config, resource);
+  return allocation;
 }
 
 void NodeAgent::restart_health(const PluginConfig& config) {

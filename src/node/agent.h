@@ -27,6 +27,7 @@
 #include "node/health.h"
 #include "node/labels.h"
 #include "node/metrics.h"
+#include "node/mps.h"
 #include "node/nvml.h"
 #include "node/plugin_server.h"
 #include "node/resources.h"
@@ -44,6 +45,8 @@ struct NodeAgentOptions {
   std::string features_dir;  // empty: no features file
   std::string state_dir = "/var/lib/tessera";
   std::string hook_library;  // installed into state_dir for containers with slices
+  std::string mps_control = "nvidia-cuda-mps-control";  // run for sharing.mps (PATH if no '/')
+  std::chrono::milliseconds mps_check_every{1000};
   std::chrono::milliseconds recovery_quiet{60000};
   ReplicaPolicy replica_policy = ReplicaPolicy::distributed;
   std::unique_ptr<kube::ApiClient> api;            // null: no cluster
@@ -100,6 +103,7 @@ class NodeAgent {
   ChangeSignal changes_;
   std::unique_ptr<SliceAllocator> slices_;
   std::unique_ptr<HealthMonitor> monitor_;
+  std::unique_ptr<MpsSupervisor> mps_;
   HealthSettings monitor_settings_;
   MetricsRenderer metrics_renderer_;
 

@@ -141,16 +141,27 @@ HealthBoard::Clock::time_point HealthBoard::next_recovery(std::chrono::milliseco
   return next;
 }
 
+bool HealthBoard::set_service_down(int gpu, const std::string& reason) {
+  std::lock_guard<std::mutex> locked(mutex_);
+  if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return false;
+  State& state = gpus_[static_cast<std::size_t>(gpu)];
+  const bool changed = state.service_down.empty() != reason.empty();
+  state.service_down = reason;
+  return changed;
+}
+
 bool HealthBoard::healthy(int gpu) const {
   std::lock_guard<std::mutex> locked(mutex_);
-  return gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size() ||
-         gpus_[static_cast<std::size_t>(gpu)].healthy;
+  if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return true;
+  const State& state = gpus_[static_cast<std::size_t>(gpu)];
+  return state.healthy && state.service_down.empty();
 }
 
 std::string HealthBoard::reason(int gpu) const {
   std::lock_guard<std::mutex> locked(mutex_);
   if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return {};
-  return gpus_[static_cast<std::size_t>(gpu)].reason;
+  const State& state = gpus_[static_cast<std::size_t>(gpu)];
+  return state.service_down.empty() ? state.reason : state.service_down;
 }
 
 std::uint64_t HealthBoard::errors(int gpu) const {

@@ -48,6 +48,10 @@ class HealthBoard {
   // Keeps `gpu` unhealthy as of `now` without counting an error (a GPU nobody can watch must
   // not recover by staying quiet); returns whether its health changed.
   bool hold_down(int gpu, const std::string& reason, Clock::time_point now);
+  // A service the GPU's devices need (its MPS control daemon) is down for `reason`, or, with
+  // an empty reason, up again: unlike an error, the GPU is healthy again as soon as it is up.
+  // Returns whether that changed.
+  bool set_service_down(int gpu, const std::string& reason);
   // GPUs quiet for `quiet` since their last error are healthy again; returns whether any was.
   bool recover(std::chrono::milliseconds quiet, Clock::time_point now);
   // When the next GPU would recover (time_point::max() if none is unhealthy).
@@ -65,6 +69,7 @@ class HealthBoard {
     Clock::time_point last_error{};
     std::string reason;
     std::uint64_t errors = 0;
+    std::string service_down;  // why a service it needs is down; "" while it is up
   };
   mutable std::mutex mutex_;
   std::vector<State> gpus_;

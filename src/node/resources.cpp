@@ -132,8 +132,12 @@ Resource& resource_named(ResourceMap& map, const std::string& name, ResourceKind
   return map.resources.back();
 }
 
+// MPS serves at most this many clients per GPU (Volta and later).
+constexpr int kMostMpsReplicas = 48;
+
 void add_shared(ResourceMap& map, Units& units, const SharedResources& section,
-                const SharedResource& shared, ResourceKind kind, const std::string& where) {
+                const SharedResource& shared, ResourceKind kind, bool mps,
+                const std::string& where) {
   const auto pool = units.find(shared.name);
   if (pool == units.end()) {
     map.notes.push_back(
@@ -148,12 +152,21 @@ void add_shared(ResourceMap& map, Units& units, const SharedResources& section,
   if (map.find(name) != nullptr && map.find(name)->kind != kind) {
     throw ConfigError(fmt::format("{}: {} would be served both whole and shared", where, name));
   }
+  if (mps && shared.replicas > kMostMpsReplicas) {
+    throw ConfigError(fmt::format("{}: replicas: {} is more clients than MPS serves on a GPU ({})",
+                                  where, shared.replicas, kMostMpsReplicas));
+  }
   Resource& resource = resource_named(map, name, kind);
+  resource.mps = mps;
   resource.replicas = shared.replicas;
   resource.fail_requests_greater_than_one = section.fail_requests_greater_than_one;
   resource.memory_per_slice = shared.memory_per_slice;
   resource.cores_per_slice = shared.cores_per_slice;
   for (const Unit& unit : chosen) {
+    if (mps && unit.mig >= 0) {
+      throw ConfigError(fmt::format("{}: {}: sharing using MPS is not supported for MIG devices",
+                                    where, unit.id));
+    }
     if (kind == ResourceKind::slices && unit.mig >= 0) {
       throw ConfigError(fmt::format(
           "{}: {}: slices of MIG devices are not served; share MIG devices with timeSlicing", where,
@@ -185,8 +198,9 @@ const AdvertisedDevice* Resource::find(const std::string& id) const {
 }
 
 std::string Resource::signature() const {
-  std::string text = fmt::format("{}|{}|{}|{}|{}|{}", name, static_cast<int>(kind), replicas,
-                                 fail_requests_greater_than_one, memory_per_slice, cores_per_slice);
+  std::string text =
+      fmt::format("{}|{}|{}|{}|{}|{}|{}", name, static_cast<int>(kind), replicas,
+                  fail_requests_greater_than_one, memory_per_slice, cores_per_slice, mps);
   for (const AdvertisedDevice& device : devices) {
     text += fmt::format("|{}@{}", device.id, device.numa_node);
   }
@@ -205,12 +219,6 @@ std::string base_device_id(const std::string& id) {
 }
 
 ResourceMap build_resource_map(const Inventory& inventory, const PluginConfig& config) {
-  if (config.strategy() == SharingStrategy::mps) {
-    throw ConfigError(fmt::format(
-        "{}: sharing.mps: this tessera node does not run MPS control daemons yet; share with "
-        "sharing.timeSlicing or sharing.slices for now",
-        config.origin));
-  }
   ResourceMap map;
   Units units = units_by_strategy(inventory, config);
   for (const GpuInfo& gpu : inventory.gpus) {
@@ -228,10 +236,10 @@ ResourceMap build_resource_map(const Inventory& inventory, const PluginConfig& c
   const char* section = config.mps.present ? "sharing.mps" : "sharing.timeSlicing";
   for (std::size_t i = 0; i < replicated.resources.size(); ++i) {
     add_shared(map, units, replicated, replicated.resources[i], ResourceKind::replicated,
-               fmt::format("{}: {}.resources[{}]", config.origin, section, i));
+               config.mps.present, fmt::format("{}: {}.resources[{}]", config.origin, section, i));
   }
   for (std::size_t i = 0; i < config.slices.resources.size(); ++i) {
-    add_shared(map, units, config.slices, config.slices.resources[i], ResourceKind::slices,
+    add_shared(map, units, config.slices, config.slices.resources[i], ResourceKind::slices, false,
                fmt::format("{}: sharing.slices.resources[{}]", config.origin, i));
   }
   // What no sharing took stays whole under its own name, as NVIDIA's plugin leaves it: beside

@@ -32,6 +32,7 @@ struct Resource {
   bool fail_requests_greater_than_one = false;
   std::uint64_t memory_per_slice = 0;  // slices: bytes; 0: the GPU's memory / replicas
   int cores_per_slice = 0;             // slices: percent; 0: no cap
+  bool mps = false;                    // replicas served through an MPS control daemon
 
   const AdvertisedDevice* find(const std::string& id) const;
   // Everything that, changed, needs the kubelet to hear of the resource anew.

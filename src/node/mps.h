@@ -1,0 +1,99 @@
+// MPS for the node agent: one nvidia-cuda-mps-control daemon per resource shared through
+// sharing.mps, as NVIDIA's plugin runs them (pipe and log directories under mpsRoot, the
+// defaults each client starts with: 100/replicas percent of the SMs and memory/replicas
+// pinned per GPU), but supervised: each daemon's process is checked every second and its pipe
+// every five, and one that died or hangs makes its GPUs' devices unhealthy, is restarted, and
+// they recover once it answers again.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "node/allocation.h"
+#include "node/config.h"
+#include "node/health.h"
+#include "node/nvml.h"
+#include "node/resources.h"
+
+namespace tessera::node {
+
+// What one daemon serves, and where.
+struct MpsDaemonSpec {
+  std::string resource;                     // nvidia.com/gpu, nvidia.com/gpu.shared, ...
+  std::vector<int> gpus;                    // inventory indices, in the daemon's device order
+  std::vector<std::string> uuids;           // its CUDA_VISIBLE_DEVICES
+  std::vector<std::uint64_t> pinned_bytes;  // per GPU: its memory / replicas
+  int thread_percentage = 100;              // 100 / replicas
+  std::string pipe_dir, log_dir;            // <mpsRoot>/<resource>/pipe and /log
+  bool operator==(const MpsDaemonSpec&) const = default;
+};
+
+// The daemons a served config needs: one per MPS resource.
+std::vector<MpsDaemonSpec> mps_daemon_specs(const Inventory& inventory, const PluginConfig& config,
+                                            const ResourceMap& map);
+
+// What a container of an MPS resource gets besides its devices: the daemon's pipe directory
+// (mounted, and named by CUDA_MPS_PIPE_DIRECTORY) and the MPS shared memory as /dev/shm.
+void add_mps_access(ContainerAllocation& allocation, const PluginConfig& config,
+                    const std::string& resource);
+
+// Sends one control command to the daemon of `pipe_dir`; its answer, or nothing if no daemon
+// answered within `timeout`.
+std::optional<std::string> mps_command(const std::string& pipe_dir, const std::string& command,
+                                       std::chrono::milliseconds timeout);
+
+class MpsSupervisor {
+ public:
+  using Reporter = std::function<void(const std::string&)>;
+  // `control` is the nvidia-cuda-mps-control to run (looked up on PATH without a '/').
+  // `changed` is called after any GPU's health changed.
+  MpsSupervisor(std::string control, HealthBoard& board, std::function<void()> changed,
+                Reporter report, std::chrono::milliseconds check_every);
+  ~MpsSupervisor();  // stops every daemon
+  MpsSupervisor(const MpsSupervisor&) = delete;
+  MpsSupervisor& operator=(const MpsSupervisor&) = delete;
+
+  // Serves exactly these daemons: those no longer wanted are stopped, new ones started, the
+  // rest left running. Returns once each new daemon answered (or was found down).
+  void apply(const std::vector<MpsDaemonSpec>& specs);
+  // The PID of the daemon serving `resource` (0: none running).
+  pid_t daemon_pid(const std::string& resource) const;
+  std::uint64_t restarts() const { return restarts_; }
+
+ private:
+  struct Daemon {
+    MpsDaemonSpec spec;
+    pid_t pid = 0;
+    bool down = false;  // its GPUs are held unhealthy
+  };
+  // Starts the daemon and gives it its defaults; false (with the reason) if it does not answer.
+  bool start(Daemon& daemon, std::string& why);
+  void stop(Daemon& daemon);
+  void mark(Daemon& daemon, const std::string& why);  // "" : up
+  void run();
+
+  std::string control_;
+  HealthBoard& board_;
+  std::function<void()> changed_;
+  Reporter report_;
+  std::chrono::milliseconds check_every_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Daemon> daemons_;
+  std::atomic<std::uint64_t> restarts_{0};
+  std::uint64_t checks_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tessera::node
