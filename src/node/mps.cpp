@@ -215,7 +215,6 @@ void MpsSupervisor::stop(Daemon& daemon) {
 }
 
 void MpsSupervisor::mark(Daemon& daemon, const std::string& why) {
-  daemon.down = !why.empty();
   bool changed = false;
   for (const int gpu : daemon.spec.gpus) {
     changed |= board_.set_service_down(
@@ -254,14 +253,6 @@ void MpsSupervisor::apply(const std::vector<MpsDaemonSpec>& specs) {
   }
 }
 
-pid_t MpsSupervisor::daemon_pid(const std::string& resource) const {
-  std::lock_guard<std::mutex> locked(mutex_);
-  for (const Daemon& daemon : daemons_) {
-    if (daemon.spec.resource == resource) return daemon.pid;
-  }
-  return 0;
-}
-
 void MpsSupervisor::run() {
   std::unique_lock<std::mutex> locked(mutex_);
   while (!stopping_) {
@@ -289,7 +280,6 @@ void MpsSupervisor::run() {
       mark(daemon, why);
       std::string failure;
       if (start(daemon, failure)) {
-        restarts_.fetch_add(1, std::memory_order_relaxed);
         report_(fmt::format("MPS daemon of {} running again (PID {})", daemon.spec.resource,
                             daemon.pid));
         mark(daemon, "");

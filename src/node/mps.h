@@ -8,7 +8,6 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -66,15 +65,11 @@ class MpsSupervisor {
   // Serves exactly these daemons: those no longer wanted are stopped, new ones started, the
   // rest left running. Returns once each new daemon answered (or was found down).
   void apply(const std::vector<MpsDaemonSpec>& specs);
-  // The PID of the daemon serving `resource` (0: none running).
-  pid_t daemon_pid(const std::string& resource) const;
-  std::uint64_t restarts() const { return restarts_; }
 
  private:
   struct Daemon {
     MpsDaemonSpec spec;
     pid_t pid = 0;
-    bool down = false;  // its GPUs are held unhealthy
   };
   // Starts the daemon and gives it its defaults; false (with the reason) if it does not answer.
   bool start(Daemon& daemon, std::string& why);
@@ -90,7 +85,6 @@ class MpsSupervisor {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<Daemon> daemons_;
-  std::atomic<std::uint64_t> restarts_{0};
   std::uint64_t checks_ = 0;
   bool stopping_ = false;
   std::thread thread_;

@@ -11,7 +11,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
@@ -49,15 +49,6 @@ bool socket_address(const std::string& pipe, sockaddr_un& address) {
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof address.sun_path) return false;
   std::memcpy(address.sun_path, path.c_str(), path.size());
-  return true;
-}
-
-bool make_directories(const std::string& path) {
-  for (std::size_t at = 1; at <= path.size(); ++at) {
-    if (at != path.size() && path[at] != '/') continue;
-    const std::string part = path.substr(0, at);
-    if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return false;
-  }
   return true;
 }
 
@@ -97,9 +88,13 @@ class Daemon {
 
   // Binds the control socket; false (with a message) if it cannot, or another daemon answers.
   bool bind_control(std::string& error) {
-    if (!make_directories(where_.pipe) || !make_directories(where_.log)) {
-      error = "cannot create " + where_.pipe + " or " + where_.log + ": " + std::strerror(errno);
-      return false;
+    for (const std::string& directory : {where_.pipe, where_.log}) {
+      std::error_code failed;
+      std::filesystem::create_directories(directory, failed);
+      if (failed) {
+        error = "cannot create " + directory + ": " + failed.message();
+        return false;
+      }
     }
     sockaddr_un address{};
     if (!socket_address(where_.pipe, address)) {
