@@ -414,6 +414,23 @@ TEST(NodeResources, MpsReplicasAreServedThroughOneDaemonPerResourceWithNvidiasDe
   ASSERT_EQ(allocation.mounts.size(), 2u);
   EXPECT_EQ(allocation.mounts[1].container_path, "/dev/shm");
   EXPECT_EQ(allocation.mounts[1].host_path, "/run/nvidia/mps/shm");
+  // A container is held to its replicas' memory, per GPU in the order it sees them, across
+  // all its processes; no compute share (the thread percentage divides the SMs).
+  const PluginConfig several = parse_plugin_config(
+      "flags: {mpsRoot: /run/mps}\nsharing: {mps: {failRequestsGreaterThanOne: false, "
+      "resources: [{name: nvidia.com/gpu, replicas: 3}]}}",
+      "several");
+  const ResourceMap several_map = build_resource_map(two, several);
+  const SliceGrant grant =
+      mps_container_grant(two, *several_map.find("nvidia.com/gpu"),
+                          {simulated_gpu_uuid(1) + "::0", simulated_gpu_uuid(0) + "::2",
+                           simulated_gpu_uuid(1) + "::1"});
+  EXPECT_EQ(grant.gpus, (std::vector<int>{1, 0}));
+  const std::uint64_t third = (40960ull << 20) / 3 >> 20 << 20;  // in whole MiB, as MPS is told
+  EXPECT_EQ(grant.memory_bytes, (std::vector<std::uint64_t>{2 * third, third}));
+  EXPECT_EQ(grant.cores, (std::vector<int>{0, 0}));
+  EXPECT_EQ(mps_daemon_specs(two, several, several_map)[0].pinned_bytes,
+            (std::vector<std::uint64_t>(2, third)));
   // Time-slicing needs no daemon.
   const PluginConfig sliced = parse_plugin_config(
       "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}", "ts");

@@ -731,6 +731,72 @@ Environment container_environment(const v1beta1::ContainerAllocateResponse& answ
   return env;
 }
 
+// MPS pins memory per process: a container of three clients could take three replicas' worth.
+// The hook's ledger holds the container to its replica's share across all its processes.
+TEST(Node, AnMpsContainerIsHeldToItsReplicasMemoryAcrossAllItsProcesses) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  const std::string root = scratch.file("mps");
+  std::ofstream(scratch.file("config.yaml"))
+      << "version: v1\nflags:\n  mpsRoot: " << root
+      << "\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
+  const Environment env = machine(scratch, "H100,context=0,numa=0");
+  NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, env);
+  ASSERT_TRUE(node.started()) << node.log();
+  const std::set<std::string> replicas = simulated_replica_ids({0}, 4);
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/gpu", has_ids(replicas), 10s)) << node.log();
+  const std::uint64_t memory = run({worker(), "info"}, env).number("device_total");
+  const std::uint64_t share = (memory / 4) >> 20 << 20;
+
+  v1beta1::AllocateResponse response;
+  ASSERT_TRUE(kubelet.allocate("nvidia.com/gpu", {{*replicas.begin()}}, response).ok())
+      << node.log();
+  const auto& container = response.container_responses(0);
+  EXPECT_EQ(container.envs().at("TESSERA_MEMORY_LIMIT"), "0=" + std::to_string(share));
+  EXPECT_EQ(container.envs().count("TESSERA_CORE_LIMIT"), 0u);  // MPS's thread share holds
+  const Environment inside = container_environment(container, env);
+  Environment mps_alone = env;  // the same container as NVIDIA's plugin would give it
+  mps_alone["CUDA_MPS_PIPE_DIRECTORY"] = container.envs().at("CUDA_MPS_PIPE_DIRECTORY");
+  mps_alone["CUDA_VISIBLE_DEVICES"] = container.envs().at("NVIDIA_VISIBLE_DEVICES");
+
+  // Three clients, each asking for 40 % of the share (MPS lets each have all of it), started
+  // one after another and holding what they got.
+  const std::string each = std::to_string(share * 2 / 5);
+  auto three_clients = [&](const Environment& environment) {
+    std::vector<std::unique_ptr<Running>> clients;
+    std::vector<std::string> results;
+    for (int i = 0; i < 3; ++i) {
+      clients.push_back(
+          std::make_unique<Running>(std::vector<std::string>{worker(), "hold", each}, environment));
+      results.push_back(clients.back()->read_line());
+    }
+    for (auto& client : clients) {
+      client->close_stdin();
+      EXPECT_EQ(client->wait(), 0);
+    }
+    return results;
+  };
+  EXPECT_EQ(three_clients(mps_alone),
+            (std::vector<std::string>{"result=0", "result=0", "result=0"}))
+      << "MPS alone was expected to let each process have its share";
+  // Under the hook, the third finds the container's share taken: out of memory (2).
+  EXPECT_EQ(three_clients(inside), (std::vector<std::string>{"result=0", "result=0", "result=2"}))
+      << node.log();
+  // What the clients held went back with them: one process has the whole share again, less
+  // what MPS counts for its context.
+  const Finished filled = run({worker(), "fill", std::to_string(64ull << 20)}, inside);
+  ASSERT_EQ(filled.exit_code, 0) << filled.err;
+  EXPECT_EQ(filled.number("total"), share);
+  EXPECT_LE(filled.number("allocated") + filled.number("driver_used"), share);
+  EXPECT_GT(filled.number("allocated") + filled.number("driver_used") + (64ull << 20), share);
+  EXPECT_NE(node.log().find("for all the container's processes"), std::string::npos);
+  // The operator sees the container's refusal.
+  const std::string metrics = node.metrics();
+  EXPECT_TRUE(std::regex_search(
+      metrics, std::regex("\ntessera_container_memory_refusals_total\\{[^}]*\\} [1-9]")))
+      << metrics;
+}
+
 TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   ScratchDirectory scratch;
   FakeCluster cluster;

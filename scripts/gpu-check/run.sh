@@ -5,8 +5,11 @@
 # an 8 GiB quota, and prints a table: the total each saw, what it could allocate before
 # running out, and the error it got. Then compute shares: a saturating kernel loop at 10 to
 # 70 %, a graph-launch loop and a 30/70 pair, asked against achieved; and the p99 latency of
-# a PyTorch inference loop beside a PyTorch training loop, with and without priorities.
-# Read-only with respect to the GPU's settings.
+# a PyTorch inference loop beside a PyTorch training loop, with and without priorities. Then
+# MPS: a private control daemon (its own pipe directory, stopped at the end) with NVIDIA's
+# defaults for 2 replicas, two clients under the hook side by side, and a pod of three clients
+# sharing one ledger.
+# Read-only with respect to the GPU's settings (an MPS daemon changes none of them).
 # Usage: scripts/gpu-check/run.sh [OUTPUT_DIR]
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -164,6 +167,62 @@ else
   echo "  torch not installed: skipped"
 fi
 
+echo "== MPS (a private daemon: its own pipe directory, NVIDIA's defaults for 2 replicas)"
+mps_rows=()
+mps_row() { mps_rows+=("| $1 | $2 |"); echo "  $1: $2"; }
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY="$work/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$work/mps/log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  mps() { echo "$1" | timeout 10 nvidia-cuda-mps-control 2>&1; }
+  stop_mps() { mps quit >/dev/null; }
+  trap stop_mps EXIT
+  if nvidia-cuda-mps-control -d; then
+    total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)  # MiB
+    pinned=$((total / 2))
+    mps_row "daemon answers set_default_active_thread_percentage 50" "$(mps 'set_default_active_thread_percentage 50')"
+    mps_row "daemon answers set_default_device_pinned_mem_limit 0 ${pinned}M" \
+      "$(mps "set_default_device_pinned_mem_limit 0 ${pinned}M")"
+    # One client under the hook at a larger quota: MPS's pinned limit is the one that holds.
+    result=$(env LD_PRELOAD="$hook" TESSERA_MEMORY_LIMIT=$((total * 3 / 4))MiB \
+      "$work/cuda_worker" fill $((256 << 20)) 2>&1)
+    mps_row "client fill (hook quota 3/4, MPS limit 1/2 of ${total} MiB)" \
+      "total $(gib "$(field total "$result")"), allocated $(gib "$(field allocated "$result")"), error $(field error "$result")"
+    result=$(env LD_PRELOAD="$hook" "$work/cuda_worker" info 2>&1)
+    mps_row "client's SM count at 50 %" "$(field device_sms "$result")"
+    if [ -x "$work/compute_share" ]; then
+      env LD_PRELOAD="$hook" "$work/compute_share" 4 >"$work/mps-first" 2>&1 &
+      result=$(env LD_PRELOAD="$hook" "$work/compute_share" 4 2>&1)
+      wait
+      mps_row "two kernel loops side by side: achieved" \
+        "$(field achieved "$(cat "$work/mps-first")") % and $(field achieved "$result") %"
+    fi
+    mps_row "get_server_list" "$(mps get_server_list | tr '\n' ' ')"
+    # A pod of three clients sharing one ledger with a quota of a quarter: each asks 40 % of
+    # it, which MPS alone would give all three.
+    ledger="$work/mps-pod.ledger"
+    holders=()
+    for i in 1 2 3; do
+      mkfifo "$work/holder-$i"
+      env LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_SHARED_CACHE="$ledger" TESSERA_MEMORY_LIMIT=$((total / 4))MiB \
+        "$work/cuda_worker" hold $((total / 10 << 20)) <"$work/holder-$i" >"$work/holder-$i.out" 2>&1 &
+      exec {keep}>"$work/holder-$i"  # its stdin, open until all three have asked
+      eval "holder_in_$i=$keep"
+      for _ in $(seq 300); do grep -q '^result=' "$work/holder-$i.out" && break; sleep 0.1; done
+      holders+=("$(field result "$(cat "$work/holder-$i.out")")")
+    done
+    for i in 1 2 3; do eval "exec {holder_in_$i}>&-"; done
+    wait
+    mps_row "pod of three clients (quota 1/4, each asks 1/10): results" "${holders[*]} (2 = out of memory)"
+  else
+    mps_row "daemon" "nvidia-cuda-mps-control -d failed"
+  fi
+  stop_mps
+  trap - EXIT
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+else
+  echo "  nvidia-cuda-mps-control not found: skipped"
+fi
+
 {
   echo "| program | total seen | allocated before OOM | error |"
   echo "|---|---|---|---|"
@@ -186,6 +245,12 @@ fi
     echo "| inference p99: alone (high priority) | beside training | beside low-priority training |"
     echo "|---|---|---|"
     echo "$priority_row"
+  fi
+  if [ ${#mps_rows[@]} -gt 0 ]; then
+    echo
+    echo "| MPS | result |"
+    echo "|---|---|"
+    printf '%s\n' "${mps_rows[@]}"
   fi
 } | tee "$out/gpu-check.md"
 rm -rf "$work"

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
@@ -358,7 +359,13 @@ ContainerAllocation NodeAgent::allocate(const std::string& resource,
   }
   ContainerAllocation allocation = expose_devices(
       inventory_, state->config, requested_devices(*served_resource, ids), random_uuid());
-  if (served_resource->mps) add_mps_access(allocation, state->config, resource);
+  if (served_resource->mps) {
+    add_mps_access(allocation, state->config, resource);
+    const SliceGrant grant = mps_container_grant(inventory_, *served_resource, ids);
+    say(fmt::format("mps: {} on GPU(s) {}: {} for all the container's processes",
+                    fmt::join(ids, ","), fmt::format("{}", fmt::join(grant.gpus, ",")),
+                    slices_->add_ledger(allocation, grant)));
+  }
   return allocation;
 }
 

@@ -16,6 +16,8 @@
 #include <filesystem>
 #include <map>
 
+#include "common/limits.h"
+
 extern char** environ;
 
 namespace tessera::node {
@@ -95,11 +97,38 @@ std::vector<MpsDaemonSpec> mps_daemon_specs(const Inventory& inventory, const Pl
       const GpuInfo& gpu = inventory.gpus[static_cast<std::size_t>(device.gpu)];
       spec.gpus.push_back(device.gpu);
       spec.uuids.push_back(gpu.uuid);
-      spec.pinned_bytes.push_back(gpu.memory_bytes / static_cast<std::uint64_t>(replicas));
+      spec.pinned_bytes.push_back(mps_replica_memory(gpu.memory_bytes, replicas));
     }
     specs.push_back(std::move(spec));
   }
   return specs;
+}
+
+std::uint64_t mps_replica_memory(std::uint64_t memory_bytes, int replicas) {
+  constexpr std::uint64_t kMiB = 1ull << 20;
+  return memory_bytes / static_cast<std::uint64_t>(std::max(replicas, 1)) / kMiB * kMiB;
+}
+
+SliceGrant mps_container_grant(const Inventory& inventory, const Resource& resource,
+                               const std::vector<std::string>& ids) {
+  SliceGrant grant;
+  grant.gpus = requested_gpus(resource, ids);
+  for (const int gpu : grant.gpus) {
+    const std::uint64_t share = mps_replica_memory(
+        inventory.gpus[static_cast<std::size_t>(gpu)].memory_bytes, resource.replicas);
+    std::uint64_t replicas = 0;
+    bool whole = false;
+    for (const std::string& id : ids) {
+      const AdvertisedDevice* device = resource.find(id);
+      if (device->gpu != gpu) continue;
+      whole = whole || device->replica < 0;
+      ++replicas;
+    }
+    grant.memory_bytes.push_back(whole ? kUnlimited : replicas * share);
+    grant.cores.push_back(0);
+  }
+  grant.source = "the MPS replicas' share";
+  return grant;
 }
 
 void add_mps_access(ContainerAllocation& allocation, const PluginConfig& config,

@@ -23,6 +23,7 @@
 #include "node/health.h"
 #include "node/nvml.h"
 #include "node/resources.h"
+#include "node/slices.h"
 
 namespace tessera::node {
 
@@ -45,6 +46,16 @@ std::vector<MpsDaemonSpec> mps_daemon_specs(const Inventory& inventory, const Pl
 // (mounted, and named by CUDA_MPS_PIPE_DIRECTORY) and the MPS shared memory as /dev/shm.
 void add_mps_access(ContainerAllocation& allocation, const PluginConfig& config,
                     const std::string& resource);
+
+// A client's pinned memory on a GPU of `memory_bytes` shared by `replicas`: NVIDIA's
+// memory / replicas, in whole MiB as the daemon is told it.
+std::uint64_t mps_replica_memory(std::uint64_t memory_bytes, int replicas);
+
+// The limits a container of an MPS resource is held to across all its processes (MPS holds
+// each process alone): on each GPU, the pinned memory of the replicas it was given. No compute
+// share: MPS's thread percentage already caps its SMs.
+SliceGrant mps_container_grant(const Inventory& inventory, const Resource& resource,
+                               const std::vector<std::string>& ids);
 
 // Sends one control command to the daemon of `pipe_dir`; its answer, or nothing if no daemon
 // answered within `timeout`.

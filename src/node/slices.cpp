@@ -324,8 +324,16 @@ ContainerAllocation SliceAllocator::allocate(const Inventory& inventory, const P
           fmt::format("GPU {} for {} is unhealthy ({})", gpu, grant.source, health.reason(gpu)));
     }
   }
-  const std::string directory = make_ledger(grant);
   ContainerAllocation allocation = expose_gpus(inventory, config, grant.gpus, random_uuid());
+  const std::string limits = add_ledger(allocation, grant);
+  report_(fmt::format("slices: {} on GPU(s) {}: {} ({})", joined(ids),
+                      fmt::format("{}", fmt::join(grant.gpus, ",")), limits, grant.source));
+  return allocation;
+}
+
+std::string SliceAllocator::add_ledger(ContainerAllocation& allocation,
+                                       const SliceGrant& grant) const {
+  const std::string directory = make_ledger(grant);
   std::vector<std::string> memory, cores;
   for (std::size_t i = 0; i < grant.gpus.size(); ++i) {
     if (grant.memory_bytes[i] != kUnlimited) {
@@ -345,11 +353,8 @@ ContainerAllocation SliceAllocator::allocate(const Inventory& inventory, const P
   allocation.mounts.push_back({kContainerHookPath, files_.hook_library, true});
   allocation.mounts.push_back({"/etc/ld.so.preload", files_.preload_file, true});
   allocation.mounts.push_back({kContainerLedgerDir, directory, false});
-  report_(fmt::format("slices: {} on GPU(s) {}: memory {}, cores {} ({})", joined(ids),
-                      fmt::format("{}", fmt::join(grant.gpus, ",")),
-                      memory.empty() ? "unlimited" : joined(memory),
-                      cores.empty() ? "uncapped" : joined(cores), grant.source));
-  return allocation;
+  return fmt::format("memory {}, cores {}", memory.empty() ? "unlimited" : joined(memory),
+                     cores.empty() ? "uncapped" : joined(cores));
 }
 
 int SliceAllocator::collect(const std::set<std::string>& live_pod_uids) {

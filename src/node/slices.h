@@ -62,6 +62,11 @@ class SliceAllocator {
                                const Resource& resource, const std::vector<std::string>& ids,
                                const HealthBoard& health);
 
+  // Gives a container the hook, a new ledger holding `grant` across all its processes, and
+  // the limits in Tessera's and HAMi's variables. Returns the limits, as the log says them.
+  // Throws AllocationError.
+  std::string add_ledger(ContainerAllocation& allocation, const SliceGrant& grant) const;
+
   // What `allocate` decides, without creating anything (exposed for tests).
   SliceGrant grant_for(const Inventory& inventory, const Resource& resource,
                        const std::vector<std::string>& ids);
