@@ -316,6 +316,61 @@ TEST(Compute, HighPriorityLatencyIsBarelyTouchedByALowPrioritySaturatingGroup) {
       << " us (without priorities " << unprioritised / 1000 << " us)";
 }
 
+// The promise, whatever the batch work: beside low-priority groups of kernels from 20 us to
+// 5 ms, plain or in graphs, one group or two, the interactive group's p99 stays within 10 %
+// of its p99 alone; the batch groups get what fits in its gaps (its 1 ms of idle between 1 ms
+// kernels holds 20 us and 200 us kernels, never a 1 ms or 5 ms one, nor a 4-kernel graph of
+// 200 us ones).
+class PriorityBeside : public ::testing::TestWithParam<std::tuple<const char*, const char*, int>> {
+};
+
+TEST_P(PriorityBeside, BatchKernelsOfAnyLength) {
+  const auto& [kernel, mode, groups] = GetParam();
+  ScratchDirectory scratch;
+  const std::string high = group_with_share(scratch, "interactive", 0);
+  const Environment high_environment = {{"TESSERA_LEDGER", high}, {"TESSERA_PRIORITY", "high"}};
+  const std::uint64_t alone = p99_latency(scratch, interactive(scratch, high_environment));
+  std::vector<std::unique_ptr<Running>> batches;
+  for (int g = 0; g < groups; ++g) {
+    const std::string low = group_with_share(scratch, "batch" + std::to_string(g), 0);
+    batches.push_back(std::make_unique<Running>(
+        std::vector<std::string>{worker(), "saturate", mode, kernel, "60"},
+        hooked(scratch, {{"TESSERA_LEDGER", low}, {"TESSERA_PRIORITY", "low"}})));
+    ASSERT_EQ(batches.back()->read_line(), "started");
+  }
+  const Finished done = interactive(scratch, high_environment);
+  const std::uint64_t beside = p99_latency(scratch, done);
+  std::vector<std::int32_t> pids;
+  for (auto& batch : batches) {
+    pids.push_back(batch->pid());
+    batch->kill_hard();
+  }
+  const double batch_share =
+      share_of(scratch, pids, done.number("begin_ns"), done.number("end_ns"));
+  report("p99_alone_us", static_cast<double>(alone) / 1000);
+  report("p99_beside_us", static_cast<double>(beside) / 1000);
+  report("batch_share", 100 * batch_share);
+  EXPECT_LE(static_cast<double>(beside), 1.1 * static_cast<double>(alone))
+      << "p99 alone " << alone / 1000 << " us, beside " << groups << " low-priority group(s) of "
+      << mode << " " << kernel << ": " << beside / 1000 << " us (batch share " << 100 * batch_share
+      << " %)";
+  std::printf("p99 alone %.0f us, beside %.0f us (%+.1f %%), batch share %.1f %%\n",
+              static_cast<double>(alone) / 1000, static_cast<double>(beside) / 1000,
+              100.0 * (static_cast<double>(beside) / static_cast<double>(alone) - 1),
+              100 * batch_share);
+}
+
+std::string priority_case(const ::testing::TestParamInfo<PriorityBeside::ParamType>& param) {
+  const auto& [kernel, mode, groups] = param.param;
+  return std::string(kernel).substr(3) + "_" + mode + "_" + std::to_string(groups) + "groups";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Compute, PriorityBeside,
+    ::testing::Combine(::testing::Values("lo@20us", "lo@200us", "lo@1ms", "lo@5ms"),
+                       ::testing::Values("plain", "graph"), ::testing::Values(1, 2)),
+    priority_case);
+
 TEST(Compute, ALowPriorityGroupRunsAtFullSpeedWhileHighPriorityWorkIsIdle) {
   ScratchDirectory scratch;
   const std::string high = group_with_share(scratch, "interactive", 0);
@@ -402,7 +457,9 @@ TEST(Compute, MalformedSharesAreAClearErrorAtTheFirstCudaCall) {
        {std::pair{"TESSERA_CORE_LIMIT", "0"}, std::pair{"TESSERA_CORE_LIMIT", "130"},
         std::pair{"CUDA_DEVICE_SM_LIMIT", "half"}, std::pair{"TESSERA_CORE_LIMIT", "0=30,x"},
         std::pair{"TESSERA_CORE_BURST", "yes"}, std::pair{"TESSERA_PRIORITY", "urgent"},
-        std::pair{"CUDA_TASK_PRIORITY", "2"}}) {
+        std::pair{"CUDA_TASK_PRIORITY", "2"}, std::pair{"TESSERA_PRIORITY_TOLERANCE", "0"},
+        std::pair{"TESSERA_PRIORITY_TOLERANCE", "1000"},
+        std::pair{"TESSERA_PRIORITY_TOLERANCE", "ten"}}) {
     const Finished done = run({worker(), "init"}, hooked(scratch, {{variable, value}}));
     EXPECT_EQ(done.value("result"), "3") << variable << "=" << value;
     EXPECT_NE(done.err.find(std::string(variable) + "='" + value + "'"), std::string::npos)

@@ -672,17 +672,54 @@ TEST(Demand, HighPriorityWorkQueuesBehindHighPriorityWorkStillPending) {
          batch = open_demand(scratch, 3);
   const std::uint64_t now = 200'000 * kMs;
   EXPECT_EQ(batch.high_work_until(0, now), 0u);  // none ever
-  web.add_high_work(0, now, 2 * kMs);
-  chat.add_high_work(0, now + kMs, 3 * kMs);  // starts when web's is done
+  web.add_high_work(0, now, 2 * kMs, 10);
+  chat.add_high_work(0, now + kMs, 3 * kMs, 10);  // starts when web's is done
   EXPECT_EQ(batch.high_work_until(0, now), now + 5 * kMs);
   EXPECT_EQ(batch.high_launch_cost(0), 3 * kMs);  // the latest launch's
   EXPECT_EQ(batch.high_work_until(1, now), 0u);   // another device
-  web.add_high_work(0, now + 9 * kMs, kMs);       // the device was idle in between
+  web.add_high_work(0, now + 9 * kMs, kMs, 10);   // the device was idle in between
   EXPECT_EQ(batch.high_work_until(0, now + 9 * kMs), now + 10 * kMs);
   // After a reboot the old time lies far in the new clock's future: it is not pending work.
   EXPECT_EQ(batch.high_work_until(0, now - 100'000 * kMs), 0u);
-  chat.add_high_work(0, now - 100'000 * kMs, kMs);
+  chat.add_high_work(0, now - 100'000 * kMs, kMs, 10);
   EXPECT_EQ(batch.high_work_until(0, now - 100'000 * kMs), now - 99'999 * kMs);
+}
+
+// Long low-priority work goes only where it ends before high-priority work's next launch,
+// judged by the shortest recent gap that lasted as long as this one has.
+TEST(Demand, LongLowPriorityWorkIsPlacedOnlyIntoAGapItFits) {
+  ScratchDirectory scratch;
+  Demand interactive = open_demand(scratch, 1), batch = open_demand(scratch, 2),
+         other_batch = open_demand(scratch, 3);
+  std::uint64_t now = 300'000 * kMs;
+  // 1 ms of work, then 1 ms idle, and again; then one gap of 5 ms.
+  for (int i = 0; i <= Demand::kMinGapSamples; ++i) {  // the first launch follows no gap
+    EXPECT_FALSE(batch.place_in_high_gap(0, now, now, kMs / 10)) << "at launch " << i;
+    interactive.add_high_work(0, now, kMs, 15);
+    now += 2 * kMs;
+  }
+  EXPECT_EQ(batch.high_tolerance_percent(0), 15u);
+  const std::uint64_t idle_since = now - kMs;  // the last launch's work was to end then
+  EXPECT_TRUE(batch.place_in_high_gap(0, idle_since, idle_since, kMs / 2));
+  // Placed work counts: the next must follow it, and the gap holds no more than 1 ms.
+  EXPECT_FALSE(other_batch.place_in_high_gap(0, idle_since, idle_since, kMs * 6 / 10));
+  EXPECT_TRUE(other_batch.place_in_high_gap(0, idle_since, idle_since, kMs * 4 / 10));
+  EXPECT_FALSE(batch.place_in_high_gap(0, idle_since + kMs / 2, idle_since, kMs / 5));
+  EXPECT_FALSE(batch.place_in_high_gap(0, idle_since, idle_since + 2 * kMs, 3 * kMs))
+      << "longer than any gap seen";
+  // A gap longer than every one seen: nothing says when the next launch comes.
+  EXPECT_FALSE(batch.place_in_high_gap(0, idle_since + 3 * kMs, idle_since, kMs / 10));
+  // One 5 ms gap says nothing of the next; once a few were seen, work started 2 ms into a
+  // gap may run to its fifth.
+  std::uint64_t next_idle = now - kMs;
+  for (int i = 0; i < Demand::kMinLongerGaps; ++i) {
+    EXPECT_FALSE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs))
+        << "after " << i << " long gaps";
+    interactive.add_high_work(0, next_idle + 5 * kMs, kMs, 15);
+    next_idle += 6 * kMs;
+  }
+  EXPECT_TRUE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs));
+  EXPECT_FALSE(batch.place_in_high_gap(1, next_idle, next_idle, kMs / 10)) << "another device";
 }
 
 TEST(Demand, AFileThatIsNotADemandFileIsRefused) {

@@ -16,6 +16,12 @@ enum class Priority {
 // False, with a message naming the variable and its value, if either is malformed.
 bool priority_from_environment(Priority& priority, ErrorText& error);
 
+// How much latency a high-priority group gives up to low-priority work, in percent of its
+// launches' device time: TESSERA_PRIORITY_TOLERANCE, 1 to 100, default 10. False, with a
+// message naming the variable and its value, if it is malformed.
+inline constexpr unsigned kDefaultPriorityTolerance = 10;
+bool priority_tolerance_from_environment(unsigned& percent, ErrorText& error);
+
 // The lower of two settings; `none` says nothing and changes nothing.
 Priority lower_priority(Priority a, Priority b);
 

@@ -219,6 +219,7 @@ void initialize() {
   state.burst = burst != nullptr && std::strcmp(burst, "1") == 0;
   DeviceLimits limits;
   if (!priority_from_environment(state.priority, state.failure) ||
+      !priority_tolerance_from_environment(state.priority_tolerance, state.failure) ||
       !memory_limits_from_environment(limits, state.failure) ||
       !core_limits_from_environment(limits, state.failure) || !open_ledger(state, limits)) {
     state.failed = true;

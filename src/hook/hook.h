@@ -88,10 +88,11 @@ struct Hook {
 
   pthread_mutex_t pool_lock;  // serialises pool operations so growth is attributed exactly
 
-  bool compute_limited;   // a compute share or a priority applies: launches are governed
-  bool burst;             // TESSERA_CORE_BURST=1: use time no other group wants
-  Priority priority;      // TESSERA_PRIORITY / CUDA_TASK_PRIORITY, where a demand file is open
-  ledger::Demand demand;  // which groups want each device (file ledgers only)
+  bool compute_limited;  // a compute share or a priority applies: launches are governed
+  bool burst;            // TESSERA_CORE_BURST=1: use time no other group wants
+  Priority priority;     // TESSERA_PRIORITY / CUDA_TASK_PRIORITY, where a demand file is open
+  unsigned priority_tolerance;  // TESSERA_PRIORITY_TOLERANCE (high priority: what it gives up)
+  ledger::Demand demand;        // which groups want each device (file ledgers only)
 };
 
 // The initialised hook; the first call in the process initialises it.

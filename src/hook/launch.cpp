@@ -39,6 +39,8 @@ constexpr std::uint64_t kOthersWindowNs =
 constexpr std::uint64_t kHighRecentNs = 100'000'000;
 // at most this fraction of a high-priority launch's device time.
 constexpr std::uint64_t kHighDelayDivisor = 40;
+// How often a long low-priority launch held back looks for a gap to fit.
+constexpr std::uint64_t kGapLookNs = 100'000;
 
 struct Cost {
   std::uint64_t samples[kSamples];
@@ -135,20 +137,48 @@ void collect_locked(Track& track, bool wait) {
   }
 }
 
-// Waits while high-priority work is pending on device; returns how far ahead of its share
-// the low-priority group may queue now.
-std::uint64_t yield_to_high_priority(Hook& state, int device) {
+// The device time of the launches still being measured on the stream, at their prices.
+std::uint64_t in_flight_locked(const Track& track) {
+  std::uint64_t total = 0;
+  for (int i = 0; i < track.count; ++i) {
+    const Cost* cost = compute().costs.find(track.pending[(track.head + i) % kInFlight].key);
+    total += cost != nullptr ? cost->estimate() : kLeadNs;
+  }
+  return total;
+}
+
+// Waits while high-priority work is pending on device, and holds back a launch of `price`
+// too long for the high-priority groups' latency tolerance until a gap in their demand fits
+// it or they go idle; returns how far ahead of its share the low-priority group may queue now.
+std::uint64_t yield_to_high_priority(Hook& state, int device, std::uint64_t price) {
   std::uint64_t now = monotonic_ns(), until = 0, waited = 0;
-  while ((until = state.demand.high_work_until(device, now)) > now) {
-    sleep_until_ns(until);  // high-priority work may have been queued meanwhile: look again
+  std::uint64_t lead = kLeadNs;
+  for (;;) {
+    until = state.demand.high_work_until(device, now);
+    if (until <= now) {
+      if (until == 0 || until + kHighRecentNs < now) break;  // idle lately: no one to protect
+      const std::uint64_t high_cost = state.demand.high_launch_cost(device);
+      lead = high_cost / kHighDelayDivisor < kLeadNs ? high_cost / kHighDelayDivisor : kLeadNs;
+      const std::uint64_t tolerated = high_cost * state.demand.high_tolerance_percent(device) / 100;
+      // Short enough to delay the next high-priority launch within its tolerance, unpriced
+      // (waited for and priced at once), or placed where it ends before their next launch.
+      if (price + lead <= tolerated || price == 0 ||
+          state.demand.place_in_high_gap(device, now, until, price)) {
+        break;
+      }
+      // Looked at again once high-priority work may have come (a new gap then starts) or
+      // gone idle for good.
+      const std::uint64_t look = now + kGapLookNs;
+      sleep_until_ns(until + kHighRecentNs < look ? until + kHighRecentNs : look);
+    } else {
+      sleep_until_ns(until);  // high-priority work may have been queued meanwhile: look again
+    }
     const std::uint64_t woke = monotonic_ns();
     waited += woke - now;
     now = woke;
   }
   if (waited > 0) state.ledger.add_throttled(device, waited);
-  if (until == 0 || until + kHighRecentNs < now) return kLeadNs;
-  const std::uint64_t lead = state.demand.high_launch_cost(device) / kHighDelayDivisor;
-  return lead < kLeadNs ? lead : kLeadNs;
+  return lead;
 }
 
 // Whether the launch goes into a graph being captured rather than onto the device. Such a
@@ -183,8 +213,24 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   const std::uint64_t estimate = known != nullptr ? known->estimate() : 0;
   pthread_mutex_unlock(&shared.lock);
 
+  if (state.priority == Priority::low) {
+    // While high-priority work is about, what this stream still has on the device, by the
+    // device's own events, must be within the lead before it is decided whether this launch
+    // may go. The share's clock cannot say: it counts the group's launches as if it had the
+    // device alone.
+    const std::uint64_t now = monotonic_ns(), until = state.demand.high_work_until(device, now);
+    if (until != 0 && until + kHighRecentNs >= now) {
+      const std::uint64_t allowed = state.demand.high_launch_cost(device) / kHighDelayDivisor;
+      pthread_mutex_lock(&shared.lock);
+      collect_locked(*track, false);
+      while (track->count > 0 && in_flight_locked(*track) > allowed + estimate) {
+        collect_locked(*track, true);
+      }
+      pthread_mutex_unlock(&shared.lock);
+    }
+  }
   const std::uint64_t lead =
-      state.priority == Priority::low ? yield_to_high_priority(state, device) : kLeadNs;
+      state.priority == Priority::low ? yield_to_high_priority(state, device, estimate) : kLeadNs;
   const std::uint64_t now = monotonic_ns();
   if (state.demand.is_open()) state.demand.stamp(device, now);
   // A bursting group takes the whole device while no other group it can see has wanted it
@@ -202,12 +248,13 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
       launch_at = allowed;
       // High-priority work may have come while this waited: a launch now would keep the
       // device in this group's time slice.
-      if (state.priority == Priority::low) yield_to_high_priority(state, device);
+      if (state.priority == Priority::low) yield_to_high_priority(state, device, estimate);
     }
   }
   // Unpriced work is waited for below; until then it keeps low-priority groups out a lead.
   if (state.priority == Priority::high)
-    state.demand.add_high_work(device, launch_at, estimate > 0 ? estimate : kLeadNs);
+    state.demand.add_high_work(device, launch_at, estimate > 0 ? estimate : kLeadNs,
+                               state.priority_tolerance);
   pthread_mutex_lock(&shared.lock);
   CUevent before = take_event_locked(*track);
   if (before != nullptr && state.real.cuEventRecord(before, stream) != CUDA_SUCCESS) {

@@ -11,7 +11,7 @@ namespace tessera::ledger {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'D', 'M', 'N', 'D'};
-constexpr std::uint32_t kVersion = 2;                  // 2: high-priority work
+constexpr std::uint32_t kVersion = 3;                  // 2: high-priority work; 3: its gaps
 constexpr std::uint64_t kStaleNs = 60'000'000'000ull;  // a slot unused this long may be taken
 // Stamps closer together than this are not written: readers keep their cached line.
 constexpr std::uint64_t kStampResolutionNs = 1'000'000;
@@ -109,14 +109,48 @@ bool Demand::others_active(int device, std::uint64_t now_ns, std::uint64_t windo
   return false;
 }
 
-void Demand::add_high_work(int device, std::uint64_t launch_ns, std::uint64_t cost_ns) {
+void Demand::add_high_work(int device, std::uint64_t launch_ns, std::uint64_t cost_ns,
+                           std::uint32_t tolerance_percent) {
   file_->high_launch_ns[device].store(cost_ns, std::memory_order_relaxed);
+  file_->high_tolerance_percent[device].store(tolerance_percent, std::memory_order_relaxed);
   std::atomic<std::uint64_t>& until = file_->high_work_until_ns[device];
   std::uint64_t queued = until.load(std::memory_order_relaxed);
   std::uint64_t start = 0;
   do {
     start = queued > launch_ns && queued <= launch_ns + kStaleNs ? queued : launch_ns;
   } while (!until.compare_exchange_weak(queued, start + cost_ns, std::memory_order_relaxed));
+  if (queued != 0 && queued < launch_ns && launch_ns - queued < kStaleNs) {
+    const std::uint64_t index =
+        file_->high_gap_count[device].fetch_add(1, std::memory_order_relaxed) % kGapSamples;
+    file_->high_gap_ns[device][index].store(launch_ns - queued, std::memory_order_relaxed);
+  }
+}
+
+bool Demand::place_in_high_gap(int device, std::uint64_t now_ns, std::uint64_t high_idle_since_ns,
+                               std::uint64_t cost_ns) {
+  const std::uint64_t seen = file_->high_gap_count[device].load(std::memory_order_relaxed);
+  if (seen < kMinGapSamples) return false;
+  const int samples = seen < kGapSamples ? static_cast<int>(seen) : kGapSamples;
+  std::atomic<std::uint64_t>& until = file_->low_work_until_ns[device];
+  std::uint64_t placed = until.load(std::memory_order_relaxed);
+  for (;;) {
+    const std::uint64_t start = placed > now_ns && placed <= now_ns + kStaleNs ? placed : now_ns;
+    const std::uint64_t idle = start > high_idle_since_ns ? start - high_idle_since_ns : 0;
+    // The shortest gap seen that lasted at least this long: the next launch may come then.
+    // Judged from a few such gaps, not one: a single long pause says nothing of the next.
+    std::uint64_t shortest = UINT64_MAX;
+    int longer = 0;
+    for (int i = 0; i < samples; ++i) {
+      const std::uint64_t gap = file_->high_gap_ns[device][i].load(std::memory_order_relaxed);
+      if (gap <= idle) continue;
+      ++longer;
+      if (gap < shortest) shortest = gap;
+    }
+    if (longer < kMinLongerGaps || idle + cost_ns > shortest) return false;
+    if (until.compare_exchange_weak(placed, start + cost_ns, std::memory_order_relaxed)) {
+      return true;
+    }
+  }
 }
 
 std::uint64_t Demand::high_work_until(int device, std::uint64_t now_ns) const {

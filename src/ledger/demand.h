@@ -2,7 +2,8 @@
 // (`<ledger directory>/tessera.demand`). Each governed launch stamps its group's slot; a
 // group that may burst (use time nobody else wants) looks for other groups' recent stamps.
 // High-priority groups also keep, per device, when the work they have queued is expected to
-// be done; low-priority groups wait for that time.
+// be done, and the idle gaps they left lately; low-priority groups wait for that time, and
+// launch long work only into a gap it fits.
 #pragma once
 
 #include <atomic>
@@ -15,6 +16,7 @@
 namespace tessera::ledger {
 
 inline constexpr int kDemandSlots = 256;
+inline constexpr int kGapSamples = 64;  // recent high-priority idle gaps kept per device
 
 struct DemandFile {
   char magic[8];
@@ -24,6 +26,14 @@ struct DemandFile {
   alignas(64) std::atomic<std::uint64_t> high_work_until_ns[kMaxDevices];
   // The device time of the latest high-priority launch on each device.
   std::atomic<std::uint64_t> high_launch_ns[kMaxDevices];
+  // The latency high-priority groups give up to low-priority work, in percent of a launch.
+  std::atomic<std::uint32_t> high_tolerance_percent[kMaxDevices];
+  // The idle gaps high-priority work left on each device: from when its queued work was
+  // expected to be done to its next launch. A ring: entry `count % kGapSamples` is next.
+  std::atomic<std::uint64_t> high_gap_ns[kMaxDevices][kGapSamples];
+  std::atomic<std::uint64_t> high_gap_count[kMaxDevices];
+  // When the long low-priority work placed into high-priority gaps is expected to be done.
+  std::atomic<std::uint64_t> low_work_until_ns[kMaxDevices];
   struct alignas(64) Slot {            // a line of its own: groups stamp, others read
     std::atomic<std::uint64_t> group;  // the group's ledger inode; 0: free
     std::atomic<std::uint64_t> last_launch_ns[kMaxDevices];
@@ -44,8 +54,22 @@ class Demand {
   // Whether another group launched on device within `window_ns` before now.
   bool others_active(int device, std::uint64_t now_ns, std::uint64_t window_ns) const;
   // A high-priority group queued work of `cost_ns` on device at `launch_ns`: it runs after
-  // whatever high-priority work is still pending there.
-  void add_high_work(int device, std::uint64_t launch_ns, std::uint64_t cost_ns);
+  // whatever high-priority work is still pending there. If none was, the gap since that work
+  // was expected to be done is recorded. `tolerance_percent`: the group's latency tolerance.
+  void add_high_work(int device, std::uint64_t launch_ns, std::uint64_t cost_ns,
+                     std::uint32_t tolerance_percent);
+  // Low-priority work of `cost_ns`, at `now_ns` while high-priority work has been idle on
+  // device since `high_idle_since_ns`: reserves the device for it and returns true if it ends,
+  // after any low-priority work already placed, before the shortest recent gap that lasted as
+  // long as this one so far (at least kMinGapSamples gaps seen, kMinLongerGaps of them that
+  // long); else false.
+  bool place_in_high_gap(int device, std::uint64_t now_ns, std::uint64_t high_idle_since_ns,
+                         std::uint64_t cost_ns);
+  static constexpr int kMinGapSamples = 8;
+  static constexpr int kMinLongerGaps = 4;
+  std::uint32_t high_tolerance_percent(int device) const {
+    return file_->high_tolerance_percent[device].load(std::memory_order_relaxed);
+  }
   // When the high-priority work queued on device is expected to be done; 0 if never, or if
   // the time is from before a reboot.
   std::uint64_t high_work_until(int device, std::uint64_t now_ns) const;
