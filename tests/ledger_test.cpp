@@ -692,9 +692,11 @@ TEST(Demand, LongLowPriorityWorkIsPlacedOnlyIntoAGapItFits) {
   Demand interactive = open_demand(scratch, 1), batch = open_demand(scratch, 2),
          other_batch = open_demand(scratch, 3);
   std::uint64_t now = 300'000 * kMs;
-  // 1 ms of work, then 1 ms idle, and again; then one gap of 5 ms.
-  for (int i = 0; i <= Demand::kMinGapSamples; ++i) {  // the first launch follows no gap
-    EXPECT_FALSE(batch.place_in_high_gap(0, now, now, kMs / 10)) << "at launch " << i;
+  // 1 ms of work, then 1 ms idle, and again.
+  for (int i = 0; i <= Demand::kMinLongerGaps; ++i) {  // the first launch follows no gap
+    if (i % 50 == 0) {
+      EXPECT_FALSE(batch.place_in_high_gap(0, now, now, kMs / 10)) << "at launch " << i;
+    }
     interactive.add_high_work(0, now, kMs, 15);
     now += 2 * kMs;
   }
@@ -709,17 +711,23 @@ TEST(Demand, LongLowPriorityWorkIsPlacedOnlyIntoAGapItFits) {
       << "longer than any gap seen";
   // A gap longer than every one seen: nothing says when the next launch comes.
   EXPECT_FALSE(batch.place_in_high_gap(0, idle_since + 3 * kMs, idle_since, kMs / 10));
-  // One 5 ms gap says nothing of the next; once a few were seen, work started 2 ms into a
-  // gap may run to its fifth.
+  EXPECT_FALSE(batch.place_in_high_gap(1, idle_since, idle_since, kMs / 10)) << "another device";
+  // A few 5 ms gaps say little of the next; once most recent gaps were that long, work
+  // started 2 ms into a gap may run to its fifth.
   std::uint64_t next_idle = now - kMs;
   for (int i = 0; i < Demand::kMinLongerGaps; ++i) {
-    EXPECT_FALSE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs))
-        << "after " << i << " long gaps";
+    if (i % 50 == 0) {
+      EXPECT_FALSE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs))
+          << "after " << i << " long gaps";
+    }
     interactive.add_high_work(0, next_idle + 5 * kMs, kMs, 15);
     next_idle += 6 * kMs;
   }
   EXPECT_TRUE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs));
-  EXPECT_FALSE(batch.place_in_high_gap(1, next_idle, next_idle, kMs / 10)) << "another device";
+  // One gap that ended early among them, and the same work no longer fits.
+  interactive.add_high_work(0, next_idle + 3 * kMs, kMs, 15);
+  next_idle += 4 * kMs;
+  EXPECT_FALSE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs));
 }
 
 TEST(Demand, AFileThatIsNotADemandFileIsRefused) {

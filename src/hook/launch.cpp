@@ -41,6 +41,8 @@ constexpr std::uint64_t kHighRecentNs = 100'000'000;
 constexpr std::uint64_t kHighDelayDivisor = 40;
 // How often a long low-priority launch held back looks for a gap to fit.
 constexpr std::uint64_t kGapLookNs = 100'000;
+// A launch held back this long goes at the start of a gap, and its price is measured again.
+constexpr std::uint64_t kRepriceAfterNs = 1'000'000'000;
 
 struct Cost {
   std::uint64_t samples[kSamples];
@@ -161,9 +163,13 @@ std::uint64_t yield_to_high_priority(Hook& state, int device, std::uint64_t pric
       lead = high_cost / kHighDelayDivisor < kLeadNs ? high_cost / kHighDelayDivisor : kLeadNs;
       const std::uint64_t tolerated = high_cost * state.demand.high_tolerance_percent(device) / 100;
       // Short enough to delay the next high-priority launch within its tolerance, unpriced
-      // (waited for and priced at once), or placed where it ends before their next launch.
+      // (waited for and priced at once), placed where it ends before their next launch, or
+      // held back so long that it goes at the start of a gap to be priced again: a price can
+      // hold another group's time (the kernel queued just as high-priority work took the
+      // device), and a group priced so would otherwise wait for a gap it never needed.
       if (price + lead <= tolerated || price == 0 ||
-          state.demand.place_in_high_gap(device, now, until, price)) {
+          state.demand.place_in_high_gap(device, now, until, price) ||
+          (waited >= kRepriceAfterNs && now <= until + kGapLookNs)) {
         break;
       }
       // Looked at again once high-priority work may have come (a new gap then starts) or

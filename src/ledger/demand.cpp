@@ -129,7 +129,7 @@ void Demand::add_high_work(int device, std::uint64_t launch_ns, std::uint64_t co
 bool Demand::place_in_high_gap(int device, std::uint64_t now_ns, std::uint64_t high_idle_since_ns,
                                std::uint64_t cost_ns) {
   const std::uint64_t seen = file_->high_gap_count[device].load(std::memory_order_relaxed);
-  if (seen < kMinGapSamples) return false;
+  if (seen < kMinLongerGaps) return false;
   const int samples = seen < kGapSamples ? static_cast<int>(seen) : kGapSamples;
   std::atomic<std::uint64_t>& until = file_->low_work_until_ns[device];
   std::uint64_t placed = until.load(std::memory_order_relaxed);
@@ -137,7 +137,7 @@ bool Demand::place_in_high_gap(int device, std::uint64_t now_ns, std::uint64_t h
     const std::uint64_t start = placed > now_ns && placed <= now_ns + kStaleNs ? placed : now_ns;
     const std::uint64_t idle = start > high_idle_since_ns ? start - high_idle_since_ns : 0;
     // The shortest gap seen that lasted at least this long: the next launch may come then.
-    // Judged from a few such gaps, not one: a single long pause says nothing of the next.
+    // Judged from many such gaps: a few long pauses say little of the next.
     std::uint64_t shortest = UINT64_MAX;
     int longer = 0;
     for (int i = 0; i < samples; ++i) {

@@ -16,7 +16,7 @@
 namespace tessera::ledger {
 
 inline constexpr int kDemandSlots = 256;
-inline constexpr int kGapSamples = 64;  // recent high-priority idle gaps kept per device
+inline constexpr int kGapSamples = 256;  // recent high-priority idle gaps kept per device
 
 struct DemandFile {
   char magic[8];
@@ -60,13 +60,13 @@ class Demand {
                      std::uint32_t tolerance_percent);
   // Low-priority work of `cost_ns`, at `now_ns` while high-priority work has been idle on
   // device since `high_idle_since_ns`: reserves the device for it and returns true if it ends,
-  // after any low-priority work already placed, before the shortest recent gap that lasted as
-  // long as this one so far (at least kMinGapSamples gaps seen, kMinLongerGaps of them that
-  // long); else false.
+  // after any low-priority work already placed, before every recent gap that lasted as long
+  // as this one so far, of which there must be kMinLongerGaps; else false. The next launch
+  // then comes during it in at most about 1 gap of kMinLongerGaps: rarer than the 1 in 100
+  // a 99th percentile may lose.
   bool place_in_high_gap(int device, std::uint64_t now_ns, std::uint64_t high_idle_since_ns,
                          std::uint64_t cost_ns);
-  static constexpr int kMinGapSamples = 8;
-  static constexpr int kMinLongerGaps = 4;
+  static constexpr int kMinLongerGaps = 200;
   std::uint32_t high_tolerance_percent(int device) const {
     return file_->high_tolerance_percent[device].load(std::memory_order_relaxed);
   }

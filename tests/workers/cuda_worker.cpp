@@ -544,7 +544,11 @@ int nvml_peers(const char* name, int count) {
 // then idles IDLE_US. Prints its window, when it made each launch call (to be matched with
 // the device's record of when each kernel finished) and the run-queue delay the host added to
 // each launch call.
-int latency(const char* name, int count, std::uint64_t idle_us) {
+// COUNT kernels NAME, each awaited, then idle: IDLE_US each time, or with `poisson`, drawn
+// from an exponential distribution of that mean (the same draws every run: seed 42).
+int latency(const char* name, int count, std::uint64_t idle_us, bool poisson) {
+  std::mt19937_64 draws(42);
+  std::exponential_distribution<double> idle_draw(1.0 / static_cast<double>(idle_us));
   const LoadedKernel kernel = load_kernel(name);
   const std::string own = "/proc/self/task/" + std::to_string(syscall(SYS_gettid)) + "/schedstat";
   const int schedstat = open(own.c_str(), O_RDONLY | O_CLOEXEC);
@@ -560,7 +564,8 @@ int latency(const char* name, int count, std::uint64_t idle_us) {
     call_delay.push_back(tessera::test::sample_host(schedstat, machine_stat).delay_ns -
                          delay_before);
     check(cuStreamSynchronize(kernel.stream), "cuStreamSynchronize");
-    tessera::sleep_until_ns(monotonic_ns() + idle_us * 1000);
+    const double idle = poisson ? idle_draw(draws) : static_cast<double>(idle_us);
+    tessera::sleep_until_ns(monotonic_ns() + static_cast<std::uint64_t>(idle * 1000));
   }
   std::printf("pid=%d\nbegin_ns=%llu\nend_ns=%llu\n", getpid(),
               static_cast<unsigned long long>(begin),
@@ -643,7 +648,8 @@ int main(int argc, char** argv) {
   }
   if (command == "saturate" && argc >= 5) return saturate(argv[2], argv[3], std::atof(argv[4]));
   if (command == "latency" && argc >= 5) {
-    return latency(argv[2], static_cast<int>(number(3)), number(4));
+    return latency(argv[2], static_cast<int>(number(3)), number(4),
+                   argc > 5 && std::string(argv[5]) == "poisson");
   }
   if (command == "kernels" && argc >= 5) {
     return kernels(argv[2], argv[3], static_cast<int>(number(4)),
