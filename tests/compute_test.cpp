@@ -324,13 +324,12 @@ TEST(Compute, HighPriorityLatencyIsBarelyTouchedByALowPrioritySaturatingGroup) {
       << " us (without priorities " << unprioritised / 1000 << " us)";
 }
 
-// The promise, whatever the batch work: beside low-priority groups of kernels from 20 us to
-// 5 ms, plain or in graphs, one group or two, the interactive group's p99 stays within 10 %
-// of its p99 alone; the batch groups get what fits in its gaps (its 1 ms of idle between 1 ms
-// kernels holds 20 us and 200 us kernels, never a 1 ms or 5 ms one, nor a 4-kernel graph of
-// 200 us ones).
-// The interactive group alone, then beside `groups` low-priority groups saturating the device
-// with `kernel` in `mode`; its arrivals periodic, or Poisson at `load` percent.
+// The promise, whatever the batch work (`make bench` runs these; see tests/CMakeLists.txt):
+// beside low-priority groups of kernels from 20 us to 5 ms, the interactive group's p99 stays
+// within 10 % of its p99 alone, measured over the whole run (the batch groups start first, so what
+// they put on the device while it was idle counts); the batch groups get what fits in its gaps,
+// reported. The interactive group alone, then beside `groups` low-priority groups saturating the
+// device with `kernel` in `mode`; its arrivals periodic, or Poisson at `load` percent.
 void expect_priority_promise(const char* kernel, const char* mode, int groups, int load) {
   ScratchDirectory scratch;
   const std::string high = group_with_share(scratch, "interactive", 0);
@@ -426,12 +425,13 @@ TEST(Compute, ALowPriorityGroupRunsAtFullSpeedWhileHighPriorityWorkIsIdle) {
   const auto batch_pid = static_cast<std::int32_t>(after.number("pid"));
   ASSERT_GT(after.number("end_ns"), busy.number("end_ns") + 600'000'000);
   const HostRecord batch_host = after.host();
-  // While the interactive group ran, the batch group still used much of the half of the
-  // device it left idle (measured on the time-sliced device: 35 to 39 %).
+  // While the interactive group ran, the batch group still used a good part of the half of
+  // the device it left idle (measured on the time-sliced device: 20 to 27 % since its backlog
+  // is bounded by its own events while high-priority work is about; 35 to 39 % before).
   const double while_busy =
       share_of(scratch, {batch_pid}, busy.number("begin_ns"), busy.number("end_ns"));
   const double busy_allowed = batch_host.allowed(busy.number("begin_ns"), busy.number("end_ns"));
-  EXPECT_GT(while_busy, 0.25 * busy_allowed)
+  EXPECT_GT(while_busy, 0.15 * busy_allowed)
       << "the host let the batch group run " << 100 * busy_allowed << " %";
   // From 200 ms after the interactive group went idle, the batch group runs as it did alone:
   // the same share of the time the host let it run. A share above what the host allowed
