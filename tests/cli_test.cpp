@@ -88,6 +88,45 @@ TEST(Cli, NamedGroupsShareOneLimitAndTopShowsThem) {
   EXPECT_NE(table.out.find("shared"), std::string::npos) << table.out;
 }
 
+TEST(Cli, TopShowsTheTimeALowPriorityGroupGaveWayAndTheToleranceIsPassedOn) {
+  ScratchDirectory scratch;
+  const Environment environment = cli_environment(scratch);
+  // A high-priority group keeping the device busy with 1 ms kernels, back to back.
+  Running web({tessera(), "run", "--priority", "high", "--priority-tolerance", "20", "--group",
+               "web", "--keep", "--", worker(), "saturate", "plain", "hi@1ms", "1.5"},
+              environment);
+  ASSERT_EQ(web.read_line(), "started");
+  const Finished batch = run({tessera(), "run", "--priority", "low", "--group", "batch", "--keep",
+                              "--", worker(), "saturate", "plain", "lo@20us", "0.5"},
+                             environment);
+  ASSERT_EQ(batch.exit_code, 0) << batch.err;
+  EXPECT_EQ(web.finish().exit_code, 0);
+  const auto rows = nlohmann::json::parse(run({tessera(), "top", "--json"}, environment).out);
+  ASSERT_EQ(rows.size(), 2u) << rows.dump();
+  const auto& low = rows[0]["group"] == "batch" ? rows[0] : rows[1];
+  EXPECT_EQ(low["priority"], "low");
+  EXPECT_EQ(low["throttled_ms"].get<int>(), 0);  // no share: it never waited for one
+  // It gave way while the high-priority group worked (all but the host's gaps of 0.5 s).
+  EXPECT_GT(low["held_for_priority_ms"].get<int>(), 100) << rows.dump();
+
+  const Finished passed = run(
+      {tessera(), "run", "--priority", "high", "--priority-tolerance", "20", "--", "/usr/bin/env"},
+      environment);
+  EXPECT_NE(passed.out.find("TESSERA_PRIORITY_TOLERANCE=20\n"), std::string::npos) << passed.out;
+  for (const auto& [arguments, message] :
+       {std::pair{std::vector<std::string>{"--priority", "high", "--priority-tolerance", "0"},
+                  "--priority-tolerance 0 must be from 1 to 100"},
+        std::pair{std::vector<std::string>{"--priority", "low", "--priority-tolerance", "5"},
+                  "--priority-tolerance needs --priority high"}}) {
+    std::vector<std::string> argv = {tessera(), "run"};
+    argv.insert(argv.end(), arguments.begin(), arguments.end());
+    argv.insert(argv.end(), {"--", "true"});
+    const Finished refused = run(argv, environment);
+    EXPECT_NE(refused.exit_code, 0);
+    EXPECT_NE(refused.err.find(message), std::string::npos) << refused.err;
+  }
+}
+
 TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
   ScratchDirectory scratch;
   const Environment environment = cli_environment(scratch);

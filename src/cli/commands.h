@@ -22,14 +22,15 @@ struct UsageError : std::runtime_error {
 };
 
 struct RunOptions {
-  std::optional<int> device;  // physical GPU index; the group sees only this GPU
-  std::string memory;         // a size, as written by the user; empty: no memory limit
-  std::optional<int> cores;   // percent of the GPU's time
-  bool burst = false;         // may use time no other group wants
-  std::string priority;       // "high", "low", or empty: none
-  std::string group;          // empty: a group of its own
-  bool keep = false;          // leave the ledger for `tessera top` after the command ends
-  bool summary = false;       // print the group's limit, peak and refusals at the end
+  std::optional<int> device;     // physical GPU index; the group sees only this GPU
+  std::string memory;            // a size, as written by the user; empty: no memory limit
+  std::optional<int> cores;      // percent of the GPU's time
+  bool burst = false;            // may use time no other group wants
+  std::string priority;          // "high", "low", or empty: none
+  std::optional<int> tolerance;  // with --priority high: latency given up to low, percent
+  std::string group;             // empty: a group of its own
+  bool keep = false;             // leave the ledger for `tessera top` after the command ends
+  bool summary = false;          // print the group's limit, peak and refusals at the end
   std::vector<std::string> command;
 };
 int run_command(const RunOptions& options);

@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   run_app->add_option("--priority", run.priority,
                       "high: low-priority groups keep out of its way; low: waits while "
                       "high-priority work is pending on its GPU");
+  run_app->add_option("--priority-tolerance", run.tolerance,
+                      "With --priority high: percent of its kernels' time it lets low-priority "
+                      "work delay it (1 to 100, default 10)");
   run_app->add_option("--group", run.group,
                       "Join or create a named group (several runs share one limit)");
   run_app->add_flag("--keep", run.keep, "Keep the group's ledger after the command ends");

@@ -57,6 +57,13 @@ void check_arguments(const RunOptions& options, std::uint64_t& memory_limit) {
   if (!options.priority.empty() && options.priority != "high" && options.priority != "low") {
     throw UsageError(fmt::format("--priority '{}' must be high or low", options.priority));
   }
+  if (options.tolerance && options.priority != "high") {
+    throw UsageError("--priority-tolerance needs --priority high");
+  }
+  if (options.tolerance && (*options.tolerance < 1 || *options.tolerance > 100)) {
+    throw UsageError(
+        fmt::format("--priority-tolerance {} must be from 1 to 100", *options.tolerance));
+  }
 }
 
 }  // namespace
@@ -112,6 +119,9 @@ int run_command(const RunOptions& options) {
   }
   if (options.burst) setenv("TESSERA_CORE_BURST", "1", 1);
   if (!options.priority.empty()) setenv("TESSERA_PRIORITY", options.priority.c_str(), 1);
+  if (options.tolerance) {
+    setenv("TESSERA_PRIORITY_TOLERANCE", std::to_string(*options.tolerance).c_str(), 1);
+  }
   if (cores != 0) {
     setenv("TESSERA_CORE_LIMIT",
            (options.device ? fmt::format("0={}", cores) : std::to_string(cores)).c_str(), 1);

@@ -36,7 +36,10 @@ nlohmann::json snapshot(const std::string& directory) {
     nlohmann::json group_rows = nlohmann::json::array();
     for (int device = 0; device < kMaxDevices; ++device) {
       const ledger::DeviceUsage usage = ledger.usage(device);
-      if (usage.limit == kUnlimited && usage.peak == 0 && usage.cores == 0) continue;
+      if (usage.limit == kUnlimited && usage.peak == 0 && usage.cores == 0 && usage.held_ns == 0 &&
+          (ledger.group_priority() == Priority::none || device > 0)) {
+        continue;  // nothing limits or holds the group here
+      }
       if (device > 0 && usage.peak == 0 && usage.used == 0 &&
           usage.limit == ledger.effective_limit(0)) {
         continue;  // the same limit on every device: show the ones in use, and device 0
@@ -50,6 +53,7 @@ nlohmann::json snapshot(const std::string& directory) {
                             {"cores", usage.cores},
                             {"priority", priority_name(ledger.group_priority())},
                             {"throttled_ms", usage.throttled_ns / 1000000},
+                            {"held_for_priority_ms", usage.held_ns / 1000000},
                             {"device_time_ns", usage.device_time_ns},
                             {"members", members}});
     }
@@ -82,9 +86,9 @@ void add_achieved(nlohmann::json& rows, const nlohmann::json& before, std::uint6
 }
 
 void print_table(const nlohmann::json& rows) {
-  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>10}{:>9}\n", "GROUP", "DEVICE",
-             "LIMIT", "USED", "PEAK", "REFUSED", "CORES", "ACHIEVED", "THROTTLED", "PRIORITY",
-             "MEMBERS");
+  fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>12}{:>10}{:>9}\n", "GROUP",
+             "DEVICE", "LIMIT", "USED", "PEAK", "REFUSED", "CORES", "ACHIEVED", "THROTTLED", "HELD",
+             "PRIORITY", "MEMBERS");
   for (const auto& row : rows) {
     if (row.contains("error")) {
       fmt::print("{:<20} unreadable: {}\n", row["group"].get<std::string>(),
@@ -93,7 +97,7 @@ void print_table(const nlohmann::json& rows) {
     }
     const auto limit = row["limit"].get<std::uint64_t>();
     const auto cores = row["cores"].get<std::uint32_t>();
-    fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>10}{:>9}\n",
+    fmt::print("{:<20}{:>7}{:>13}{:>13}{:>13}{:>9}{:>7}{:>10}{:>12}{:>12}{:>10}{:>9}\n",
                row["group"].get<std::string>(), row["device"].get<int>(),
                limit == kUnlimited ? std::string("none") : human_size(limit),
                human_size(row["used"].get<std::uint64_t>()),
@@ -101,6 +105,7 @@ void print_table(const nlohmann::json& rows) {
                cores == 0 ? std::string("-") : fmt::format("{}%", cores),
                fmt::format("{:.1f}%", row["achieved_percent"].get<double>()),
                fmt::format("{} ms", row["throttled_ms"].get<std::uint64_t>()),
+               fmt::format("{} ms", row["held_for_priority_ms"].get<std::uint64_t>()),
                row["priority"].get<std::string>(), row["members"].get<int>());
   }
 }

@@ -183,7 +183,7 @@ std::uint64_t yield_to_high_priority(Hook& state, int device, std::uint64_t pric
     waited += woke - now;
     now = woke;
   }
-  if (waited > 0) state.ledger.add_throttled(device, waited);
+  if (waited > 0) state.ledger.add_held(device, waited);
   return lead;
 }
 

@@ -229,6 +229,7 @@ DeviceUsage Ledger::usage(int device) {
   return {effective_limit(device),
           effective_cores(device),
           file_->throttled_ns[device].load(std::memory_order_relaxed),
+          file_->held_ns[device].load(std::memory_order_relaxed),
           file_->device_time_ns[device].load(std::memory_order_relaxed),
           accounts.used,
           accounts.peak,

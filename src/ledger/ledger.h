@@ -26,7 +26,7 @@
 
 namespace tessera::ledger {
 
-inline constexpr std::uint32_t kFormatVersion = 4;  // 3: the group's priority; 4: slot bound
+inline constexpr std::uint32_t kFormatVersion = 5;  // 3: priority; 4: slot bound; 5: held
 
 struct LedgerFile {
   // Written once by the creator; covered by `checksum`.
@@ -48,6 +48,7 @@ struct LedgerFile {
   // will have been earned at its share (CLOCK_MONOTONIC ns). Shared by all members.
   std::atomic<std::uint64_t> compute_clock_ns[kMaxDevices];
   std::atomic<std::uint64_t> throttled_ns[kMaxDevices];    // time members waited for it
+  std::atomic<std::uint64_t> held_ns[kMaxDevices];         // time low-priority launches gave way
   std::atomic<std::uint64_t> device_time_ns[kMaxDevices];  // device time granted to members
   SharedAccounts accounts;
 };
@@ -62,6 +63,7 @@ struct DeviceUsage {
   std::uint64_t limit = kUnlimited;  // effective limit for this process
   std::uint32_t cores = 0;           // compute share, percent; 0: none
   std::uint64_t throttled_ns = 0;    // time members waited for their share
+  std::uint64_t held_ns = 0;         // time low-priority launches gave way to high priority
   std::uint64_t device_time_ns = 0;  // device time the group's launches were granted
   std::uint64_t used = 0;            // group usage, dead members excluded
   std::uint64_t peak = 0;
@@ -106,6 +108,9 @@ class Ledger {
                      std::uint32_t percent);
   void add_throttled(int device, std::uint64_t ns) {
     file_->throttled_ns[device].fetch_add(ns, std::memory_order_relaxed);
+  }
+  void add_held(int device, std::uint64_t ns) {
+    file_->held_ns[device].fetch_add(ns, std::memory_order_relaxed);
   }
 
   // Claims a member slot for this process. Idempotent; must precede reserve().

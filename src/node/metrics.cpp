@@ -163,6 +163,8 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
              "percent");
   out.family("tessera_container_throttled_seconds_total", "counter",
              "Time the container's launches waited for their share");
+  out.family("tessera_container_held_for_priority_seconds_total", "counter",
+             "Time the container's low-priority launches gave way to high-priority work");
   out.family("tessera_container_priority", "gauge", "The container's priority (high, low or none)");
   out.family("tessera_container_processes", "gauge", "Live processes in the container's group");
   out.family("tessera_container_ledger_damaged", "gauge",
@@ -231,6 +233,8 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
       }
       out.add("tessera_container_throttled_seconds_total", on_gpu,
               static_cast<double>(usage.throttled_ns) / 1e9);
+      out.add("tessera_container_held_for_priority_seconds_total", on_gpu,
+              static_cast<double>(usage.held_ns) / 1e9);
       const std::string key = group.directory + "#" + std::to_string(i);
       current[key] = Sample{usage.device_time_ns, now};
       const auto before = previous_.find(key);
