@@ -283,6 +283,16 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
         [this](const std::string& text) { say(text); }, options_.mps_check_every);
   }
   if (mps_ != nullptr) mps_->apply(daemons);
+  // The node's labels describe what is served before the kubelet sees it (the publish loop
+  // keeps them current after).
+  if (!options_.features_dir.empty()) {
+    try {
+      write_features_file(options_.features_dir,
+                          gpu_labels(inventory_, next->config, std::time(nullptr)));
+    } catch (const std::exception& failure) {
+      say(failure.what());
+    }
+  }
   std::set<std::string> wanted;
   for (const Resource& resource : next->map.resources) wanted.insert(resource.name);
   std::lock_guard<std::mutex> locked(servers_mutex_);
