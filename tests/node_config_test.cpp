@@ -129,6 +129,17 @@ TEST(NodeConfig, TheSeedsMigStrategySpellingIsTheFlagsAndAContradictionIsRefused
                  "invalid --mig-strategy option: some");
 }
 
+TEST(NodeConfig, TheTimeSliceIsOneOfNvidiasFourAndOnlyWhenAsked) {
+  EXPECT_EQ(parse_plugin_config("flags: {computeTimeslice: long}", "long").flags.compute_timeslice,
+            3);
+  EXPECT_EQ(
+      parse_plugin_config("flags: {computeTimeslice: default}", "reset").flags.compute_timeslice,
+      0);
+  expect_refused("flags: {computeTimeslice: fast}\n", "flags.computeTimeslice",
+                 "invalid time slice: fast (one of: default, short, medium, long)");
+  expect_refused("flags: {computeTimeslice: [1]}\n", "flags.computeTimeslice", "");
+}
+
 TEST(NodeConfig, NvidiasDefaultsFillWhatAConfigLeavesOut) {
   const PluginConfig config = parse_plugin_config("version: v1\n", "minimal");
   EXPECT_EQ(config.flags.mig_strategy, MigStrategy::none);
@@ -139,6 +150,7 @@ TEST(NodeConfig, NvidiasDefaultsFillWhatAConfigLeavesOut) {
   EXPECT_FALSE(config.flags.pass_device_specs);
   EXPECT_EQ(config.flags.nvidia_driver_root, "/");
   EXPECT_EQ(config.strategy(), SharingStrategy::none);
+  EXPECT_EQ(config.flags.compute_timeslice, -1);  // the GPUs' time slice is left alone
   // An empty version is v1; an empty file is the default config.
   EXPECT_NO_THROW(parse_plugin_config("version: \"\"\n", "empty version"));
   EXPECT_EQ(parse_plugin_config("", "empty").strategy(), SharingStrategy::none);

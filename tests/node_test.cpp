@@ -620,6 +620,46 @@ TEST(Node, MpsDaemonsAreStartedWithNvidiasLimitsSupervisedAndRestarted) {
   }
 }
 
+// The GPUs' time slice (nvidia-smi compute-policy) is set only where the config asks, again
+// when it changes, and a tool that fails leaves the node serving and says so.
+TEST(Node, TheTimeSliceIsSetOnlyWhenTheConfigAsksAndFollowsItsChanges) {
+  ScratchDirectory scratch;
+  TestKubelet kubelet(scratch.file("dp"));
+  const Environment env = machine(scratch);
+  const std::string smi = build_path("sim/nvidia-smi");
+  auto timeslices = [&] { return run({smi, "compute-policy", "-l"}, env).out; };
+  const std::string config = scratch.file("config.yaml");
+  write_config(config, replicas_config(2));
+  {
+    NodeProcess node(scratch, {"--config-file", config}, env);
+    ASSERT_TRUE(node.started()) << node.log();
+    ASSERT_TRUE(
+        kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 2)), 10s));
+    EXPECT_EQ(timeslices(), "GPU 0: timeslice Default\nGPU 1: timeslice Default\n");
+    EXPECT_EQ(node.log().find("time slice"), std::string::npos) << node.log();
+  }
+  write_config(config, "version: v1\nflags:\n  computeTimeslice: short\n" +
+                           replicas_config(2).substr(std::string("version: v1\n").size()));
+  NodeProcess node(scratch, {"--config-file", config}, env);
+  ASSERT_TRUE(node.started()) << node.log();
+  EXPECT_EQ(timeslices(), "GPU 0: timeslice Short\nGPU 1: timeslice Short\n");  // before serving
+  EXPECT_NE(node.log().find("time slice short set on 2 GPU(s)"), std::string::npos) << node.log();
+  write_config(config, "version: v1\nflags:\n  computeTimeslice: long\n" +
+                           replicas_config(4).substr(std::string("version: v1\n").size()));
+  ASSERT_TRUE(
+      kubelet.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
+      << node.log();
+  EXPECT_EQ(timeslices(), "GPU 0: timeslice Long\nGPU 1: timeslice Long\n");
+  EXPECT_EQ(node.stop(), 0);
+
+  // An nvidia-smi that fails: the node serves, and says the slice stays as it was.
+  NodeProcess failing(scratch, {"--config-file", config, "--nvidia-smi", "/bin/false"}, env);
+  ASSERT_TRUE(failing.started()) << failing.log();
+  EXPECT_NE(failing.log().find("GPU 0: the time slice stays as it was: /bin/false exited 1"),
+            std::string::npos)
+      << failing.log();
+}
+
 TEST(Node, WithoutAnApiServerItServesFromTheConfigAndSaysOnceWhatNeedsOne) {
   ScratchDirectory scratch;
   TestKubelet kubelet(scratch.file("dp"));

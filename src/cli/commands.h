@@ -89,6 +89,7 @@ struct NodeOptions {
   std::string replica_policy = "distributed";
   std::string mps_control;  // empty: nvidia-cuda-mps-control on PATH (the simulated one beside
                             // the simulated GPU)
+  std::string nvidia_smi;   // empty: nvidia-smi on PATH (likewise)
 };
 int node_command(const NodeOptions& options);
 

@@ -123,6 +123,8 @@ int main(int argc, char** argv) {
                        "Replicas of several GPUs: distributed (fewest in use first) or packed");
   node_app->add_option("--mps-control", node.mps_control,
                        "The nvidia-cuda-mps-control to run for sharing.mps (default: on PATH)");
+  node_app->add_option("--nvidia-smi", node.nvidia_smi,
+                       "The nvidia-smi to run for flags.computeTimeslice (default: on PATH)");
 
   SimGpuEventOptions simgpu_event;
   CLI::App* simgpu_app = app.add_subcommand("simgpu", "Act on the simulated GPU");

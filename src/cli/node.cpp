@@ -91,8 +91,10 @@ int node_command(const NodeOptions& options) {
     log_line("no NVIDIA driver found; using the simulated GPU");
     agent.nvml_library = installation.simulator_dir + "/libnvidia-ml.so.1";
     agent.mps_control = installation.simulator_dir + "/nvidia-cuda-mps-control";
+    agent.nvidia_smi = installation.simulator_dir + "/nvidia-smi";
   }
   if (!options.mps_control.empty()) agent.mps_control = options.mps_control;
+  if (!options.nvidia_smi.empty()) agent.nvidia_smi = options.nvidia_smi;
   if (!options.api_server.empty() || kube::in_cluster()) {
     kube::ApiClientOptions api;
     std::string problem;

@@ -20,6 +20,7 @@
 #include "kube/json_input.h"
 #include "kube/objects.h"
 #include "kube/reflector.h"
+#include "node/compute_policy.h"
 #include "node/mig_gpu.h"
 
 namespace tessera::node {
@@ -283,6 +284,13 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
         [this](const std::string& text) { say(text); }, options_.mps_check_every);
   }
   if (mps_ != nullptr) mps_->apply(daemons);
+  const int timeslice = next->config.flags.compute_timeslice;
+  if (timeslice >= 0 && timeslice != applied_timeslice_) {
+    if (apply_compute_timeslice(options_.nvidia_smi, inventory_, timeslice,
+                                [this](const std::string& text) { say(text); })) {
+      applied_timeslice_ = timeslice;
+    }
+  }
   // The node's labels describe what is served before the kubelet sees it (the publish loop
   // keeps them current after).
   if (!options_.features_dir.empty()) {

@@ -46,6 +46,7 @@ struct NodeAgentOptions {
   std::string state_dir = "/var/lib/tessera";
   std::string hook_library;  // installed into state_dir for containers with slices
   std::string mps_control = "nvidia-cuda-mps-control";  // run for sharing.mps (PATH if no '/')
+  std::string nvidia_smi = "nvidia-smi";  // run for flags.computeTimeslice (PATH if no '/')
   std::chrono::milliseconds mps_check_every{1000};
   std::chrono::milliseconds recovery_quiet{60000};
   ReplicaPolicy replica_policy = ReplicaPolicy::distributed;
@@ -104,6 +105,7 @@ class NodeAgent {
   std::unique_ptr<SliceAllocator> slices_;
   std::unique_ptr<HealthMonitor> monitor_;
   std::unique_ptr<MpsSupervisor> mps_;
+  int applied_timeslice_ = -1;  // the time slice last set on the GPUs; -1: never
   HealthSettings monitor_settings_;
   MetricsRenderer metrics_renderer_;
 

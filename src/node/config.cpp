@@ -400,7 +400,7 @@ void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConf
       node, "flags",
       {"migStrategy", "failOnInitError", "mpsRoot", "nvidiaDriverRoot", "nvidiaDevRoot",
        "gdsEnabled", "mofedEnabled", "gdrcopyEnabled", "useNodeFeatureAPI",
-       "deviceDiscoveryStrategy", "restartOnDeviceUnhealthy", "plugin", "gfd"});
+       "deviceDiscoveryStrategy", "restartOnDeviceUnhealthy", "plugin", "gfd", "computeTimeslice"});
   auto ignore = [&](const char* name) {
     if (node[name]) config.ignored.push_back(std::string("flags.") + name);
   };
@@ -410,6 +410,11 @@ void read_flags(Reader& reader, const YAML::Node& node, Flags& flags, PluginConf
                                                      {"single", MigStrategy::single},
                                                      {"mixed", MigStrategy::mixed}},
                                                     "invalid --mig-strategy option: ");
+  }
+  if (node["computeTimeslice"] && !node["computeTimeslice"].IsNull()) {
+    flags.compute_timeslice = reader.choice<int>(
+        node["computeTimeslice"], "flags.computeTimeslice",
+        {{"default", 0}, {"short", 1}, {"medium", 2}, {"long", 3}}, "invalid time slice: ");
   }
   if (node["failOnInitError"] && !node["failOnInitError"].IsNull()) {
     flags.fail_on_init_error = reader.boolean(node["failOnInitError"], "flags.failOnInitError");

@@ -79,6 +79,9 @@ struct Flags {
   std::string cdi_annotation_prefix = "cdi.k8s.io/";
   bool gfd_no_timestamp = false;
   std::chrono::seconds gfd_sleep_interval{60};
+  // Tessera's: the GPUs' time slice to set (nvidia-smi compute-policy: 0 default, 1 short,
+  // 2 medium, 3 long); -1 leaves it as it is.
+  int compute_timeslice = -1;
 };
 
 // Which device events make a GPU unhealthy: NVIDIA's `health` section and defaults. The

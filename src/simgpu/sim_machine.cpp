@@ -17,8 +17,9 @@ namespace tessera::sim {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'S', 'I', 'M', 'G'};
-constexpr std::uint32_t kVersion = 6;  // 2: time-sliced schedules; 3: slot bound; 4: events;
-                                       // 5: MIG profiles per device; 6: MIG devices for CUDA
+constexpr std::uint32_t kVersion = 7;  // 2: time-sliced schedules; 3: slot bound; 4: events;
+                                       // 5: MIG profiles per device; 6: MIG devices for CUDA;
+                                       // 7: compute policy
 // A waiter looks again no sooner than this: its work may end any moment, but not every
 // microsecond is worth the schedule's lock.
 constexpr std::uint64_t kShortestWaitNs = 20'000;

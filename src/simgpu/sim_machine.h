@@ -152,6 +152,9 @@ struct MachineFile {
   MigState mig[kMaxDevices];
   // Per GPU, the bytes in use in each of its GPU instances, by instance slot.
   SharedAccounts mig_accounts[kMaxDevices];
+  // Per GPU, nvidia-smi compute-policy's time slice: 0 default, 1 short, 2 medium, 3 long.
+  // Recorded only: the schedule's slice stays kTimeSliceNs (NVIDIA gives no lengths).
+  std::atomic<std::uint32_t> compute_timeslice[kMaxDevices];
 };
 
 // One piece of work in the device's record.
@@ -193,6 +196,14 @@ class Machine {
   }
   // Whether any process holds memory on the GPU or any of its GPU instances.
   bool gpu_in_use(int gpu);
+  // nvidia-smi compute-policy's time slice of a GPU (0 default .. 3 long).
+  std::uint32_t compute_timeslice(int gpu) const {
+    return file_->compute_timeslice[gpu].load(std::memory_order_relaxed);
+  }
+  void set_compute_timeslice(int gpu, std::uint32_t value) {
+    file_->compute_timeslice[gpu].store(value, std::memory_order_relaxed);
+  }
+  int gpu_count() const { return file_->spec.device_count; }
 
   void after_fork_in_child();
 
