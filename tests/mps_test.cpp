@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <memory>
@@ -154,6 +155,7 @@ struct SharedRun {
   std::uint64_t window_ns = 0;
   std::uint64_t busy_ns[2] = {};
   double sm_share[2] = {};
+  std::uint64_t median_piece_ns[2] = {};  // how long its kernels took in the window
 };
 SharedRun shared_run(const MpsMachine& machine, const Finished (&runs)[2]) {
   setenv("TESSERA_SIM_STATE", machine.scratch.file("simgpu").c_str(), 1);
@@ -183,6 +185,15 @@ SharedRun shared_run(const MpsMachine& machine, const Finished (&runs)[2]) {
   for (int i = 0; i < 2; ++i) {
     const sim::BusyTime busy = record.busy(0, pids[i], from, to);
     run.busy_ns[i] = busy.process_ns;
+    std::vector<sim::WorkPiece> pieces(1000);
+    const int count = record.pieces(0, pids[i], from, to, pieces.data(), 1000);
+    std::vector<std::uint64_t> lengths;
+    for (int k = 0; k < count && k < 1000; ++k) {
+      lengths.push_back(pieces[static_cast<std::size_t>(k)].end_ns -
+                        pieces[static_cast<std::size_t>(k)].start_ns);
+    }
+    std::sort(lengths.begin(), lengths.end());
+    if (!lengths.empty()) run.median_piece_ns[i] = lengths[lengths.size() / 2];
     run.sm_share[i] = busy.process_ns == 0 ? 0
                                            : static_cast<double>(busy.process_sm_ns) /
                                                  static_cast<double>(busy.process_ns);
@@ -194,20 +205,23 @@ SharedRun shared_run(const MpsMachine& machine, const Finished (&runs)[2]) {
 // SMs (so a kernel as wide as the GPU takes two waves); without the daemon the same two
 // processes time-slice the GPU. Launches are asynchronous, and the figures come from the
 // device's record, so what the host does to the workers does not change them.
+// Two processes launching 150 kernels of `blocks` blocks each at once, as the record saw them.
+SharedRun two_clients(const MpsMachine& machine, const char* kernel, const char* blocks = "132") {
+  std::unique_ptr<Running> workers[2];
+  for (auto& running : workers) {
+    running = std::make_unique<Running>(
+        std::vector<std::string>{worker(), "kernels", "plain", kernel, "150", blocks},
+        machine.environment);
+  }
+  Finished runs[2];
+  for (int i = 0; i < 2; ++i) runs[i] = workers[i]->finish();
+  for (const Finished& one : runs) EXPECT_EQ(one.exit_code, 0) << one.out;
+  return shared_run(machine, runs);
+}
+
 TEST(MpsClient, ClientsRunSideBySideEachOnItsThreadPercentage) {
   MpsMachine machine;
-  auto both = [&](const char* kernel) {
-    std::unique_ptr<Running> workers[2];
-    for (auto& running : workers) {
-      running = std::make_unique<Running>(
-          std::vector<std::string>{worker(), "kernels", "plain", kernel, "150", "132"},
-          machine.environment);
-    }
-    Finished runs[2];
-    for (int i = 0; i < 2; ++i) runs[i] = workers[i]->finish();
-    for (const Finished& one : runs) EXPECT_EQ(one.exit_code, 0) << one.out;
-    return shared_run(machine, runs);
-  };
+  auto both = [&](const char* kernel) { return two_clients(machine, kernel); };
   // Time-sliced: together never busier than the device.
   const SharedRun sliced = both("k@2ms");
   ASSERT_GT(sliced.window_ns, 0u);
@@ -222,6 +236,32 @@ TEST(MpsClient, ClientsRunSideBySideEachOnItsThreadPercentage) {
   for (int i = 0; i < 2; ++i) {
     EXPECT_GE(side_by_side.busy_ns[i], side_by_side.window_ns * 9 / 10) << i;
     EXPECT_NEAR(side_by_side.sm_share[i], 0.5, 0.001) << i;
+  }
+  ASSERT_EQ(machine.control("quit\n").exit_code, 0);
+  EXPECT_EQ(daemon->wait(), 0);
+}
+
+// Clients left at 100 % each, as MPS starts them without a limit: grids that fill the device
+// share its SMs (together never more SM-time than it has), while one-block grids run side by
+// side at full speed.
+TEST(MpsClient, ClientsAskingMoreThanTheDeviceShareItsSmsAndSmallGridsDoNot) {
+  MpsMachine machine;
+  const std::unique_ptr<Running> daemon = machine.start_daemon();
+  ASSERT_TRUE(machine.answers());
+  const SharedRun full = two_clients(machine, "k@1ms");
+  ASSERT_GT(full.window_ns, 0u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_DOUBLE_EQ(full.sm_share[i], 1.0) << i;
+    EXPECT_GE(full.busy_ns[i], full.window_ns * 9 / 10) << i;  // side by side,
+    EXPECT_EQ(full.median_piece_ns[i], 2'000'000u) << i;       // each at half speed
+  }
+
+  const SharedRun small = two_clients(machine, "k@1ms", "1");
+  ASSERT_GT(small.window_ns, 0u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NEAR(small.sm_share[i], 1.0 / 132, 0.001) << i;
+    EXPECT_GE(small.busy_ns[i], small.window_ns * 9 / 10) << i;
+    EXPECT_EQ(small.median_piece_ns[i], 1'000'000u) << i;  // at full speed
   }
   ASSERT_EQ(machine.control("quit\n").exit_code, 0);
   EXPECT_EQ(daemon->wait(), 0);

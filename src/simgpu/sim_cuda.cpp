@@ -671,9 +671,10 @@ bool append_to_graph(Graph* graph, std::uint64_t duration_ns) {
 // Puts work on the device's timeline behind the stream, or into the graph being captured.
 // Queues work (or, of no duration, a marker such as an event) on the device after the
 // stream's; returns its ticket.
-std::uint64_t queue_on_device(Stream* stream, std::uint64_t duration_ns) {
+std::uint64_t queue_on_device(Stream* stream, std::uint64_t duration_ns,
+                              std::uint32_t sm_permille = 0) {
   Context* context = stream->context;
-  stream->last_ticket = machine().submit(context->device, duration_ns);
+  stream->last_ticket = machine().submit(context->device, duration_ns, sm_permille);
   std::atomic_ref<std::uint64_t> latest(context->latest_ticket);
   std::uint64_t seen = latest.load();
   while (seen < stream->last_ticket && !latest.compare_exchange_weak(seen, stream->last_ticket)) {
@@ -681,11 +682,12 @@ std::uint64_t queue_on_device(Stream* stream, std::uint64_t duration_ns) {
   return stream->last_ticket;
 }
 
-CUresult submit(Stream* stream, std::uint64_t duration_ns) {
+// `sm_permille`: of the device's SMs the work spreads over (0: all the process may use).
+CUresult submit(Stream* stream, std::uint64_t duration_ns, std::uint32_t sm_permille = 0) {
   if (stream->capture != nullptr) {
     return append_to_graph(stream->capture, duration_ns) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
   }
-  queue_on_device(stream, duration_ns);
+  queue_on_device(stream, duration_ns, sm_permille);
   return CUDA_SUCCESS;
 }
 
@@ -723,7 +725,12 @@ CUresult launch(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
     sms = share > 0 ? share : 1;
   }
   const std::uint64_t waves = (blocks + sms - 1) / sms;
-  return submit(stream_of(handle, context), reinterpret_cast<Function*>(f)->duration_ns * waves);
+  // A grid smaller than its SMs leaves the rest to other MPS clients' kernels.
+  const std::uint64_t device_sms = static_cast<std::uint64_t>(spec_of(context->device).sm_count);
+  const auto used_permille = static_cast<std::uint32_t>(
+      std::max<std::uint64_t>(1, std::min(blocks, sms) * 1000 / device_sms));
+  return submit(stream_of(handle, context), reinterpret_cast<Function*>(f)->duration_ns * waves,
+                mps.fd >= 0 ? used_permille : 0);
 }
 
 // Blocks until the stream's work is done; refused while it is being captured.

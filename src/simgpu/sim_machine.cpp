@@ -168,7 +168,7 @@ void format_mig_uuid(int gpu, const MigGpuInstance& instance, int ci, char* text
                 static_cast<unsigned>(ci) & 0xfff, instance.serial);
 }
 
-std::uint64_t Machine::submit(int device, std::uint64_t duration_ns) {
+std::uint64_t Machine::submit(int device, std::uint64_t duration_ns, std::uint32_t sm_permille) {
   DeviceSchedule& schedule = file_->schedules[device];
   for (;;) {
     lock_robust(&schedule.lock);  // a dead owner leaves only whole values behind
@@ -188,7 +188,7 @@ std::uint64_t Machine::submit(int device, std::uint64_t duration_ns) {
                       0,
                       pid_,
                       group_ != 0 ? group_ : pid_,
-                      sm_permille_};
+                      sm_permille != 0 && sm_permille < sm_permille_ ? sm_permille : sm_permille_};
       unlock_robust(&schedule.lock);
       return ticket;
     }
@@ -346,12 +346,20 @@ void Machine::advance_locked(int device, std::uint64_t now_ns) {
     std::uint64_t run = schedule.slice_left_ns;
     if (run > now_ns - time) run = now_ns - time;
     if (joins > time && joins - time < run) run = joins - time;  // a client's work arrives
-    for (int j = 0; j < found; ++j) run = std::min(run, pending[running[j]].remaining_ns);
+    // Side by side, the pieces share the SMs: asking more than the device has in all, each
+    // runs at the device's SMs over what they ask (work is in time on its own share).
+    std::uint64_t asked = 0;
+    for (int j = 0; j < found; ++j) asked += pending[running[j]].sm_permille;
+    const std::uint64_t crowd = asked > 1000 ? asked : 1000;
+    for (int j = 0; j < found; ++j) {
+      run = std::min(run, (pending[running[j]].remaining_ns * crowd + 999) / 1000);
+    }
+    const std::uint64_t progress = run * 1000 / crowd;
     for (int j = 0; j < found; ++j) {
       PendingWork& work = pending[running[j]];
       if (work.first_start_ns == 0) work.first_start_ns = time;
       if (work.run_start_ns == 0) work.run_start_ns = time;
-      work.remaining_ns -= run;
+      work.remaining_ns -= std::min(progress, work.remaining_ns);
       if (work.remaining_ns == 0) {
         record_run(device, work, time + run);
         Completion& completion = file_->completions[work.ticket % kCompletions];

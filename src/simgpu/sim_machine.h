@@ -213,9 +213,10 @@ class Machine {
     group_ = -server;
     sm_permille_ = sm_permille;
   }
-  // Gives device `duration_ns` of work from this process, after its earlier work; returns
-  // the work's ticket (never 0).
-  std::uint64_t submit(int device, std::uint64_t duration_ns);
+  // Gives device `duration_ns` of work from this process, after its earlier work, on
+  // `sm_permille` of the device's SMs (0: all this process may use); returns the work's
+  // ticket (never 0).
+  std::uint64_t submit(int device, std::uint64_t duration_ns, std::uint32_t sm_permille = 0);
   // Whether the work with `ticket` (0: none) has run to its end, and when it ended (0 if
   // none or too long ago to remember).
   bool done(int device, std::uint64_t ticket, std::uint64_t* end_ns);
