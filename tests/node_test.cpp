@@ -41,6 +41,12 @@ void write_config(const std::string& path, const std::string& text) {
   fs::rename(temporary, path);
 }
 
+// NVIDIA's MPS config for nvidia.com/gpu under `root`, the resource's other fields as given.
+std::string mps_config(const std::string& root, const std::string& resource_fields) {
+  return "version: v1\nflags:\n  mpsRoot: " + root +
+         "\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n" + resource_fields;
+}
+
 std::string replicas_config(int replicas, const std::string& extra = "") {
   return "version: v1\nsharing:\n  timeSlicing:\n" + extra +
          "    resources:\n    - name: nvidia.com/gpu\n      replicas: " + std::to_string(replicas) +
@@ -518,10 +524,8 @@ TEST(Node, MpsDaemonsAreStartedWithNvidiasLimitsSupervisedAndRestarted) {
   ScratchDirectory scratch;
   TestKubelet kubelet(scratch.file("dp"));
   const std::string root = scratch.file("mps");
-  std::ofstream(scratch.file("config.yaml"))
-      << "version: v1\nflags:\n  mpsRoot: " << root
-      << "\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n"
-         "      rename: nvidia.com/gpu.mps\n      devices: [0]\n      replicas: 4\n";
+  std::ofstream(scratch.file("config.yaml")) << mps_config(
+      root, "      rename: nvidia.com/gpu.mps\n      devices: [0]\n      replicas: 4\n");
   const Environment env = machine(scratch);
   NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, env);
   ASSERT_TRUE(node.started()) << node.log();
@@ -777,9 +781,7 @@ TEST(Node, AnMpsContainerIsHeldToItsReplicasMemoryAcrossAllItsProcesses) {
   ScratchDirectory scratch;
   TestKubelet kubelet(scratch.file("dp"));
   const std::string root = scratch.file("mps");
-  std::ofstream(scratch.file("config.yaml"))
-      << "version: v1\nflags:\n  mpsRoot: " << root
-      << "\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n";
+  std::ofstream(scratch.file("config.yaml")) << mps_config(root, "      replicas: 4\n");
   const Environment env = machine(scratch, "H100,context=0,numa=0");
   NodeProcess node(scratch, {"--config-file", scratch.file("config.yaml")}, env);
   ASSERT_TRUE(node.started()) << node.log();
