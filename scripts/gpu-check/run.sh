@@ -5,7 +5,8 @@
 # an 8 GiB quota, and prints a table: the total each saw, what it could allocate before
 # running out, and the error it got. Then compute shares: a saturating kernel loop at 10 to
 # 70 %, a graph-launch loop and a 30/70 pair, asked against achieved; and the p99 latency of
-# a PyTorch inference loop beside a PyTorch training loop, with and without priorities. Then
+# a PyTorch inference loop beside a PyTorch training loop, with and without priorities, and
+# the priority matrix with real spin kernels (20 us to 5 ms, plain and graphs, Poisson). Then
 # MPS: a private control daemon (its own pipe directory, stopped at the end) with NVIDIA's
 # defaults for 2 replicas, two clients under the hook side by side, and a pod of three clients
 # sharing one ledger.
@@ -50,6 +51,7 @@ g++ -std=c++20 -O2 -I"$repo/src" "$repo/examples/workloads/vmm_allocator.cpp" -o
 if command -v nvcc >/dev/null; then
   nvcc -O2 -o "$work/alloc_until_oom" "$repo/scripts/gpu-check/alloc_until_oom.cu"
   nvcc -O2 -o "$work/compute_share" "$repo/scripts/gpu-check/compute_share.cu"
+  nvcc -O2 -o "$work/priority_matrix" "$repo/scripts/gpu-check/priority_matrix.cu"
 else
   echo "nvcc not found: runtime-API programs skipped"
 fi
@@ -138,6 +140,38 @@ if [ -x "$work/compute_share" ]; then
   wait
   share_row "pair: first loop" 30 "$(field achieved "$(cat "$work/pair30")")"
   share_row "pair: second loop" 70 "$(field achieved "$result")"
+fi
+
+echo "== Priority matrix (1 ms spin kernels at 50 % duty, high priority, beside low-priority spin kernels)"
+matrix=()
+if [ -x "$work/priority_matrix" ]; then
+  mkdir -p "$work/prio"
+  serve_p99() {  # the interactive client under the hook at high priority; extra args: its LOAD
+    env LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/prio/serve.cache" TESSERA_PRIORITY=high \
+      "$work/priority_matrix" serve 300 "$@" 2>&1 | sed -n 's/^p99_us=//p'
+  }
+  # One row: the batch kernel's length and mode, then the serve's load (empty: periodic).
+  matrix_row() {
+    local us=$1 mode=$2 load=${3:-}
+    local alone beside
+    alone=$(serve_p99 $load)
+    env LD_PRELOAD="$hook" CUDA_DEVICE_MEMORY_SHARED_CACHE="$work/prio/batch.cache" TESSERA_PRIORITY=low \
+      "$work/priority_matrix" batch "$us" 3 "$mode" >"$work/prio/batch.out" 2>&1 &
+    local batch=$!
+    for _ in $(seq 300); do grep -q started "$work/prio/batch.out" && break; sleep 0.01; done
+    beside=$(serve_p99 $load)
+    wait "$batch"
+    local share
+    share=$(field achieved "$(cat "$work/prio/batch.out")")
+    local change
+    change=$(awk -v a="$alone" -v b="$beside" 'BEGIN { if (a > 0) printf "%+.1f %%", 100 * (b / a - 1); else print "-" }')
+    matrix+=("| ${us} us ${mode}${load:+, Poisson $load %} | $alone | $beside | $change | $share % |")
+    echo "  batch ${us} us ${mode}${load:+ (Poisson $load %)}: p99 alone $alone us, beside $beside us ($change), batch $share %"
+  }
+  for us in 20 200 1000 5000; do
+    for mode in plain graph; do matrix_row "$us" "$mode"; done
+  done
+  for load in 30 60; do matrix_row 200 plain "$load"; done
 fi
 
 echo "== Priority (PyTorch inference at 50 % duty beside PyTorch training)"
@@ -239,6 +273,12 @@ fi
     echo '```'
     echo "$probe"
     echo '```'
+  fi
+  if [ ${#matrix[@]} -gt 0 ]; then
+    echo
+    echo "| batch kernels (low priority) | p99 alone (us) | p99 beside (us) | change | batch share over its 3 s |"
+    echo "|---|---|---|---|---|"
+    printf '%s\n' "${matrix[@]}"
   fi
   if [ -n "$priority_row" ]; then
     echo
