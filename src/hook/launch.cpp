@@ -9,10 +9,13 @@
 // priority configured each launch forwards at once.
 //
 // Priority: a high-priority group records in the demand file when the work it has queued on a
-// device should be done; a low-priority launch waits until then. A device runs the work queued
-// on it in order, so low-priority work already queued when high-priority work arrives delays
-// it: while high-priority work was pending lately, a low-priority group queues no more than
-// one launch plus a fortieth of the latest high-priority launch's device time.
+// device should be done, and the idle gaps it leaves; a low-priority launch waits until then.
+// A device runs the work queued on it in order and cannot take back a running kernel, so
+// low-priority work on the device when high-priority work arrives delays it: while
+// high-priority work was pending lately, a low-priority stream keeps no more on the device
+// than a fortieth of the latest high-priority launch (by its own events) before the next
+// launch, and a launch longer than the high group's tolerance goes only into a gap it fits
+// (docs/compute.md).
 #include <time.h>
 
 #include <cstdlib>
@@ -230,7 +233,9 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
       pthread_mutex_lock(&shared.lock);
       collect_locked(*track, false);
       while (track->count > 0 && in_flight_locked(*track) > allowed + estimate) {
+        const int before = track->count;
         collect_locked(*track, true);
+        if (track->count == before) break;  // the event failed: the device will say why
       }
       pthread_mutex_unlock(&shared.lock);
     }
