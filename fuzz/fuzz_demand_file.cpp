@@ -71,7 +71,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int device = static_cast<int>(now_ns % kMaxDevices);
   demand.stamp(device, now_ns);
   (void)demand.others_active(device, now_ns, 1'000'000);
-  demand.add_high_work(device, now_ns, now_ns % 1'000'000'000);
+  demand.add_high_work(device, now_ns, now_ns % 1'000'000'000,
+                       static_cast<std::uint32_t>(now_ns % 101));
   (void)demand.high_work_until(device, now_ns);
+  (void)demand.high_tolerance_percent(device);
+  (void)demand.place_in_high_gap(device, now_ns, now_ns - now_ns % 3'000'000, now_ns % 5'000'000);
+  (void)demand.place_in_high_gap(device, now_ns, 0, UINT64_MAX);  // no sum may wrap
   return 0;
 }

@@ -146,7 +146,7 @@ bool Demand::place_in_high_gap(int device, std::uint64_t now_ns, std::uint64_t h
       ++longer;
       if (gap < shortest) shortest = gap;
     }
-    if (longer < kMinLongerGaps || idle + cost_ns > shortest) return false;
+    if (longer < kMinLongerGaps || cost_ns > shortest - idle) return false;  // shortest > idle
     if (until.compare_exchange_weak(placed, start + cost_ns, std::memory_order_relaxed)) {
       return true;
     }
