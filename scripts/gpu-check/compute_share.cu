@@ -3,33 +3,13 @@
 // SECONDS; prints the kernel's own duration (the least of many CUDA-event timings) and the
 // share of the GPU's time the loop achieved after a half-second warm-up.
 // Usage: compute_share SECONDS [plain|graph]
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-__global__ void spin(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
-
-namespace {
-
-void check(cudaError_t status, const char* what) {
-  if (status == cudaSuccess) return;
-  std::printf("error=%s (%s)\n", cudaGetErrorName(status), what);
-  std::exit(1);
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
+#include "spin.cuh"
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -64,19 +44,7 @@ int main(int argc, char** argv) {
   };
 
   // The unit's device time: the least of 20 event-timed runs (others' work can only add).
-  cudaEvent_t before = nullptr, after = nullptr;
-  check(cudaEventCreate(&before), "event");
-  check(cudaEventCreate(&after), "event");
-  float unit_ms = 1e9f;
-  for (int i = 0; i < 20; ++i) {
-    check(cudaEventRecord(before, stream), "record");
-    launch();
-    check(cudaEventRecord(after, stream), "record");
-    check(cudaEventSynchronize(after), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, before, after), "elapsed");
-    unit_ms = std::min(unit_ms, ms);
-  }
+  const float unit_ms = least_event_ms(stream, 20, launch);
 
   cudaEvent_t batches[2];
   check(cudaEventCreateWithFlags(&batches[0], cudaEventDisableTiming), "event");

@@ -6,8 +6,6 @@
 //   batch MICROSECONDS SECONDS [graph]: saturates the GPU with spin kernels of that length
 //     (4 to a graph with `graph`), 8 to 16 queued, prints "started" once running, and at the
 //     end the share of the time its work ran (from its own event-timed length): achieved.
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,23 +15,9 @@
 #include <thread>
 #include <vector>
 
-__global__ void spin(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
+#include "spin.cuh"
 
 namespace {
-
-void check(cudaError_t status, const char* what) {
-  if (status == cudaSuccess) return;
-  std::printf("error=%s (%s)\n", cudaGetErrorName(status), what);
-  std::exit(1);
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 struct Spinner {
   int sms = 0;
@@ -88,19 +72,7 @@ int batch(long long microseconds, double seconds, bool graph_mode) {
       gpu.launch(microseconds);
     }
   };
-  cudaEvent_t before = nullptr, after = nullptr;  // the unit's length: the least of 10 runs
-  check(cudaEventCreate(&before), "event");
-  check(cudaEventCreate(&after), "event");
-  float unit_ms = 1e9f;
-  for (int i = 0; i < 10; ++i) {
-    check(cudaEventRecord(before, gpu.stream), "record");
-    launch();
-    check(cudaEventRecord(after, gpu.stream), "record");
-    check(cudaEventSynchronize(after), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, before, after), "elapsed");
-    unit_ms = std::min(unit_ms, ms);
-  }
+  const float unit_ms = least_event_ms(gpu.stream, 10, launch);  // the unit's device time
   cudaEvent_t batches[2];
   check(cudaEventCreateWithFlags(&batches[0], cudaEventDisableTiming), "event");
   check(cudaEventCreateWithFlags(&batches[1], cudaEventDisableTiming), "event");
