@@ -210,6 +210,17 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   const std::uint32_t share = state.ledger.effective_cores(device);
   if (share == 0 && state.priority == Priority::none) return launch();
   if (captured(state, stream, per_thread)) return launch();
+  // While high-priority work is about, what a low-priority stream still has on the device,
+  // by the device's own events, must be within the lead before it is decided whether this
+  // launch may go. The share's clock cannot say: it counts the group's launches as if it had
+  // the device alone.
+  std::uint64_t backlog_allowed = UINT64_MAX;
+  if (state.priority == Priority::low) {
+    const std::uint64_t now = monotonic_ns(), until = state.demand.high_work_until(device, now);
+    if (until != 0 && until + kHighRecentNs >= now) {
+      backlog_allowed = state.demand.high_launch_cost(device) / kHighDelayDivisor;
+    }
+  }
   ComputeState& shared = compute();
   pthread_mutex_lock(&shared.lock);
   Track* track = track_for_locked(stream);
@@ -220,26 +231,14 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   collect_locked(*track, track->count == kInFlight);
   const Cost* known = shared.costs.find(key);
   const std::uint64_t estimate = known != nullptr ? known->estimate() : 0;
+  while (backlog_allowed != UINT64_MAX && track->count > 0 &&
+         in_flight_locked(*track) > backlog_allowed + estimate) {
+    const int before = track->count;
+    collect_locked(*track, true);
+    if (track->count == before) break;  // the event failed: the device will say why
+  }
   pthread_mutex_unlock(&shared.lock);
 
-  if (state.priority == Priority::low) {
-    // While high-priority work is about, what this stream still has on the device, by the
-    // device's own events, must be within the lead before it is decided whether this launch
-    // may go. The share's clock cannot say: it counts the group's launches as if it had the
-    // device alone.
-    const std::uint64_t now = monotonic_ns(), until = state.demand.high_work_until(device, now);
-    if (until != 0 && until + kHighRecentNs >= now) {
-      const std::uint64_t allowed = state.demand.high_launch_cost(device) / kHighDelayDivisor;
-      pthread_mutex_lock(&shared.lock);
-      collect_locked(*track, false);
-      while (track->count > 0 && in_flight_locked(*track) > allowed + estimate) {
-        const int before = track->count;
-        collect_locked(*track, true);
-        if (track->count == before) break;  // the event failed: the device will say why
-      }
-      pthread_mutex_unlock(&shared.lock);
-    }
-  }
   const std::uint64_t lead =
       state.priority == Priority::low ? yield_to_high_priority(state, device, estimate) : kLeadNs;
   const std::uint64_t now = monotonic_ns();
