@@ -75,7 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                        static_cast<std::uint32_t>(now_ns % 101));
   (void)demand.high_work_until(device, now_ns);
   (void)demand.high_tolerance_percent(device);
-  (void)demand.place_in_high_gap(device, now_ns, now_ns - now_ns % 3'000'000, now_ns % 5'000'000);
-  (void)demand.place_in_high_gap(device, now_ns, 0, UINT64_MAX);  // no sum may wrap
+  (void)demand.place_low_work(device, now_ns, now_ns - now_ns % 3'000'000, now_ns % 5'000'000,
+                              now_ns % 200'000);
+  (void)demand.place_low_work(device, now_ns, 0, UINT64_MAX, UINT64_MAX);  // no sum may wrap
   return 0;
 }

@@ -695,39 +695,90 @@ TEST(Demand, LongLowPriorityWorkIsPlacedOnlyIntoAGapItFits) {
   // 1 ms of work, then 1 ms idle, and again.
   for (int i = 0; i <= Demand::kMinLongerGaps; ++i) {  // the first launch follows no gap
     if (i % 50 == 0) {
-      EXPECT_FALSE(batch.place_in_high_gap(0, now, now, kMs / 10)) << "at launch " << i;
+      EXPECT_FALSE(batch.place_low_work(0, now, now, kMs / 10, 0).placed) << "at launch " << i;
     }
     interactive.add_high_work(0, now, kMs, 15);
     now += 2 * kMs;
   }
   EXPECT_EQ(batch.high_tolerance_percent(0), 15u);
   const std::uint64_t idle_since = now - kMs;  // the last launch's work was to end then
-  EXPECT_TRUE(batch.place_in_high_gap(0, idle_since, idle_since, kMs / 2));
+  EXPECT_TRUE(batch.place_low_work(0, idle_since, idle_since, kMs / 2, 0).placed);
   // Placed work counts: the next must follow it, and the gap holds no more than 1 ms.
-  EXPECT_FALSE(other_batch.place_in_high_gap(0, idle_since, idle_since, kMs * 6 / 10));
-  EXPECT_TRUE(other_batch.place_in_high_gap(0, idle_since, idle_since, kMs * 4 / 10));
-  EXPECT_FALSE(batch.place_in_high_gap(0, idle_since + kMs / 2, idle_since, kMs / 5));
-  EXPECT_FALSE(batch.place_in_high_gap(0, idle_since, idle_since + 2 * kMs, 3 * kMs))
+  EXPECT_FALSE(other_batch.place_low_work(0, idle_since, idle_since, kMs * 6 / 10, 0).placed);
+  EXPECT_TRUE(other_batch.place_low_work(0, idle_since, idle_since, kMs * 4 / 10, 0).placed);
+  EXPECT_FALSE(batch.place_low_work(0, idle_since + kMs / 2, idle_since, kMs / 5, 0).placed);
+  EXPECT_FALSE(batch.place_low_work(0, idle_since, idle_since + 2 * kMs, 3 * kMs, 0).placed)
       << "longer than any gap seen";
   // A gap longer than every one seen: nothing says when the next launch comes.
-  EXPECT_FALSE(batch.place_in_high_gap(0, idle_since + 3 * kMs, idle_since, kMs / 10));
-  EXPECT_FALSE(batch.place_in_high_gap(1, idle_since, idle_since, kMs / 10)) << "another device";
+  EXPECT_FALSE(batch.place_low_work(0, idle_since + 3 * kMs, idle_since, kMs / 10, 0).placed);
+  EXPECT_FALSE(batch.place_low_work(1, idle_since, idle_since, kMs / 10, 0).placed)
+      << "another device";
   // A few 5 ms gaps say little of the next; once most recent gaps were that long, work
   // started 2 ms into a gap may run to its fifth.
   std::uint64_t next_idle = now - kMs;
   for (int i = 0; i < Demand::kMinLongerGaps; ++i) {
     if (i % 50 == 0) {
-      EXPECT_FALSE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs))
+      EXPECT_FALSE(batch.place_low_work(0, next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed)
           << "after " << i << " long gaps";
     }
     interactive.add_high_work(0, next_idle + 5 * kMs, kMs, 15);
     next_idle += 6 * kMs;
   }
-  EXPECT_TRUE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs));
+  EXPECT_TRUE(batch.place_low_work(0, next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed);
   // One gap that ended early among them, and the same work no longer fits.
   interactive.add_high_work(0, next_idle + 3 * kMs, kMs, 15);
   next_idle += 4 * kMs;
-  EXPECT_FALSE(batch.place_in_high_gap(0, next_idle + 2 * kMs, next_idle, 2 * kMs));
+  EXPECT_FALSE(batch.place_low_work(0, next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed);
+}
+
+// Short low-priority work of every group queues on one timeline, whose length is bounded: a
+// high-priority launch waits for no more than the bound, however many groups there are.
+TEST(Demand, LowPriorityGroupsShareOneBoundedQueue) {
+  ScratchDirectory scratch;
+  Demand interactive = open_demand(scratch, 1), batch = open_demand(scratch, 2),
+         other_batch = open_demand(scratch, 3);
+  const std::uint64_t now = 400'000 * kMs, idle_since = now - kMs / 10;
+  constexpr std::uint64_t kUs = kMs / 1000;
+  interactive.add_high_work(0, now - kMs, kMs - kMs / 10, 10);  // no gaps learned yet
+  const Demand::LowPlacement first = batch.place_low_work(0, now, idle_since, 20 * kUs, 50 * kUs);
+  EXPECT_TRUE(first.placed);
+  EXPECT_EQ(first.launch_by, UINT64_MAX) << "a late queued launch queues behind less";
+  EXPECT_TRUE(other_batch.place_low_work(0, now, idle_since, 20 * kUs, 50 * kUs).placed);
+  // 40 us queued by the two groups: 20 more would make 60.
+  const Demand::LowPlacement full = batch.place_low_work(0, now, idle_since, 20 * kUs, 50 * kUs);
+  EXPECT_FALSE(full.placed);
+  EXPECT_EQ(full.retry_at, now + 10 * kUs) << "when the queue has run down to room for it";
+  EXPECT_TRUE(batch.place_low_work(0, now + 10 * kUs, idle_since, 20 * kUs, 50 * kUs).placed);
+  // Longer than the queue holds, and no gap learned: never placed, and no time to come back.
+  const Demand::LowPlacement long_work =
+      other_batch.place_low_work(0, now + 100 * kUs, idle_since, 60 * kUs, 50 * kUs);
+  EXPECT_FALSE(long_work.placed);
+  EXPECT_EQ(long_work.retry_at, 0u);
+  EXPECT_FALSE(batch.place_low_work(1, now, idle_since, 60 * kUs, 50 * kUs).placed)
+      << "another device, the same bound";
+  EXPECT_TRUE(batch.place_low_work(1, now, idle_since, 20 * kUs, 50 * kUs).placed)
+      << "another device's queue is its own";
+}
+
+// Work placed in a gap must reach the device in time to end before the gap's end.
+TEST(Demand, WorkPlacedInAGapMustLaunchBeforeItNoLongerFits) {
+  ScratchDirectory scratch;
+  Demand interactive = open_demand(scratch, 1), batch = open_demand(scratch, 2);
+  std::uint64_t now = 500'000 * kMs;
+  for (int i = 0; i <= Demand::kMinLongerGaps; ++i) {  // 1 ms of work, then 1 ms idle
+    interactive.add_high_work(0, now, kMs, 10);
+    now += 2 * kMs;
+  }
+  const std::uint64_t idle_since = now - kMs;
+  const Demand::LowPlacement placed =
+      batch.place_low_work(0, idle_since + kMs / 10, idle_since, kMs / 2, 0);
+  ASSERT_TRUE(placed.placed);
+  EXPECT_EQ(placed.launch_by, idle_since + kMs / 2) << "1 ms gap, 0.5 ms of work";
+  // The next follows it, and has less time to reach the device.
+  const Demand::LowPlacement next =
+      batch.place_low_work(0, idle_since + kMs / 10, idle_since, kMs / 4, 0);
+  ASSERT_TRUE(next.placed);
+  EXPECT_EQ(next.launch_by, idle_since + 3 * kMs / 4);
 }
 
 TEST(Demand, AFileThatIsNotADemandFileIsRefused) {

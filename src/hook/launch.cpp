@@ -12,10 +12,10 @@
 // device should be done, and the idle gaps it leaves; a low-priority launch waits until then.
 // A device runs the work queued on it in order and cannot take back a running kernel, so
 // low-priority work on the device when high-priority work arrives delays it: while
-// high-priority work was pending lately, a low-priority stream keeps no more on the device
-// than a fortieth of the latest high-priority launch (by its own events) before the next
-// launch, and a launch longer than the high group's tolerance goes only into a gap it fits
-// (docs/compute.md).
+// high-priority work was pending lately, every low-priority launch is reserved on one
+// low-priority timeline per device, shared by all low-priority groups, either in a short queue
+// (half the high groups' tolerance) or in a gap it fits, and must reach the device before its
+// gap no longer holds it (docs/compute.md).
 #include <time.h>
 
 #include <cstdlib>
@@ -44,29 +44,37 @@ constexpr std::uint64_t kHighRecentNs = 100'000'000;
 constexpr std::uint64_t kHighDelayDivisor = 40;
 // How often a long low-priority launch held back looks for a gap to fit.
 constexpr std::uint64_t kGapLookNs = 100'000;
-// A launch held back this long goes at the start of a gap, and its price is measured again.
+// A launch held back this long, priced only beside high-priority work, goes at the start of a
+// gap, and its price is measured again.
 constexpr std::uint64_t kRepriceAfterNs = 1'000'000'000;
 
 struct Cost {
   std::uint64_t samples[kSamples];
   int count;
   int next;
+  int clean;  // 1 once a sample was taken with no high-priority work on the device in it
   std::uint64_t estimate() const {
     std::uint64_t least = 0;
     for (int i = 0; i < count; ++i) least = (i == 0 || samples[i] < least) ? samples[i] : least;
     return least;
   }
-  void add(std::uint64_t duration) {
+  void add(std::uint64_t duration, bool clean_sample) {
     samples[next] = duration;
     next = (next + 1) % kSamples;
     if (count < kSamples) ++count;
+    if (clean_sample) clean = 1;
   }
 };
 
 struct Pending {
   CUevent before, after;
   std::uint64_t key;
+  int device;
+  // When high-priority work on the device was to be done, as the launch saw it; kNotClean if
+  // it was still pending then.
+  std::uint64_t high_until;
 };
+constexpr std::uint64_t kNotClean = UINT64_MAX;
 
 // A stream's governed launches still being measured, and events to reuse.
 struct Track {
@@ -132,7 +140,12 @@ void collect_locked(Track& track, bool wait) {
         milliseconds > 0) {
       Cost cost{};
       if (Cost* known = compute().costs.find(entry.key)) cost = *known;
-      cost.add(static_cast<std::uint64_t>(static_cast<double>(milliseconds) * 1e6));
+      // No high-priority time in it if none was pending at the launch, and none was launched
+      // since.
+      const bool clean =
+          entry.high_until != kNotClean && state.demand.is_open() &&
+          state.demand.high_work_until(entry.device, monotonic_ns()) == entry.high_until;
+      cost.add(static_cast<std::uint64_t>(static_cast<double>(milliseconds) * 1e6), clean);
       compute().costs.put(entry.key, cost);
     }
     track.spare[track.spares++] = entry.before;
@@ -152,42 +165,60 @@ std::uint64_t in_flight_locked(const Track& track) {
   return total;
 }
 
-// Waits while high-priority work is pending on device, and holds back a launch of `price`
-// too long for the high-priority groups' latency tolerance until a gap in their demand fits
-// it or they go idle; returns how far ahead of its share the low-priority group may queue now.
-std::uint64_t yield_to_high_priority(Hook& state, int device, std::uint64_t price) {
-  std::uint64_t now = monotonic_ns(), until = 0, waited = 0;
+// What a low-priority launch was let do: how far ahead of its share it may queue, and by when
+// it must reach the device.
+struct LowPermit {
   std::uint64_t lead = kLeadNs;
+  std::uint64_t launch_by = UINT64_MAX;
+};
+
+// How much low-priority work (all low-priority groups' together) may be queued on device while
+// high-priority work is about: half what the high-priority groups tolerate, since a low launch
+// decided just before a high one can still reach the device first.
+std::uint64_t low_queue_allowed(Hook& state, int device) {
+  return state.demand.high_launch_cost(device) * state.demand.high_tolerance_percent(device) / 200;
+}
+
+// Waits while high-priority work is pending on device, and then reserves the launch on the
+// low-priority timeline (a short queue, or a gap in high-priority demand it fits), waiting
+// while it fits neither; with no high-priority work lately, it goes at once.
+LowPermit yield_to_high_priority(Hook& state, int device, const Cost* cost) {
+  const std::uint64_t price = cost != nullptr ? cost->estimate() : 0;
+  std::uint64_t now = monotonic_ns(), waited = 0;
+  LowPermit permit;
   for (;;) {
-    until = state.demand.high_work_until(device, now);
+    const std::uint64_t until = state.demand.high_work_until(device, now);
+    std::uint64_t wake = until;
     if (until <= now) {
       if (until == 0 || until + kHighRecentNs < now) break;  // idle lately: no one to protect
       const std::uint64_t high_cost = state.demand.high_launch_cost(device);
-      lead = high_cost / kHighDelayDivisor < kLeadNs ? high_cost / kHighDelayDivisor : kLeadNs;
-      const std::uint64_t tolerated = high_cost * state.demand.high_tolerance_percent(device) / 100;
-      // Short enough to delay the next high-priority launch within its tolerance, unpriced
-      // (waited for and priced at once), placed where it ends before their next launch, or
-      // held back so long that it goes at the start of a gap to be priced again: a price can
-      // hold another group's time (the kernel queued just as high-priority work took the
-      // device), and a group priced so would otherwise wait for a gap it never needed.
-      if (price + lead <= tolerated || price == 0 ||
-          state.demand.place_in_high_gap(device, now, until, price) ||
-          (waited >= kRepriceAfterNs && now <= until + kGapLookNs)) {
+      permit.lead =
+          high_cost / kHighDelayDivisor < kLeadNs ? high_cost / kHighDelayDivisor : kLeadNs;
+      if (price == 0) break;  // unpriced: waited for and priced at once
+      const ledger::Demand::LowPlacement placement =
+          state.demand.place_low_work(device, now, until, price, low_queue_allowed(state, device));
+      if (placement.placed) {
+        permit.launch_by = placement.launch_by;
         break;
       }
-      // Looked at again once high-priority work may have come (a new gap then starts) or
-      // gone idle for good.
-      const std::uint64_t look = now + kGapLookNs;
-      sleep_until_ns(until + kHighRecentNs < look ? until + kHighRecentNs : look);
-    } else {
-      sleep_until_ns(until);  // high-priority work may have been queued meanwhile: look again
+      // A price taken only beside high-priority work can hold its time (a kernel queued just
+      // as high-priority work took the device); held back a second, such a launch goes at
+      // the start of a gap to be priced again, not wait for a gap it may never have needed.
+      // A price taken once with high-priority work idle is the kernel's own: never.
+      if (cost->clean == 0 && waited >= kRepriceAfterNs && now <= until + kGapLookNs) break;
+      // Looked at again once the low-priority queue has room, or high-priority work may have
+      // come (a new gap then starts) or gone idle for good.
+      wake = placement.retry_at != 0 && placement.retry_at < now + kGapLookNs ? placement.retry_at
+                                                                              : now + kGapLookNs;
+      if (until + kHighRecentNs < wake) wake = until + kHighRecentNs;
     }
+    sleep_until_ns(wake);  // high-priority work may have been queued meanwhile: look again
     const std::uint64_t woke = monotonic_ns();
     waited += woke - now;
     now = woke;
   }
   if (waited > 0) state.ledger.add_held(device, waited);
-  return lead;
+  return permit;
 }
 
 // Whether the launch goes into a graph being captured rather than onto the device. Such a
@@ -211,16 +242,16 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   if (share == 0 && state.priority == Priority::none) return launch();
   if (captured(state, stream, per_thread)) return launch();
   // While high-priority work is about, what a low-priority stream still has on the device,
-  // by the device's own events, must be within the lead before it is decided whether this
-  // launch may go. The share's clock cannot say: it counts the group's launches as if it had
-  // the device alone.
-  std::uint64_t backlog_allowed = UINT64_MAX;
-  if (state.priority == Priority::low) {
+  // by the device's own events, must leave room for this launch in the low-priority queue
+  // before it is decided whether the launch may go: prices are estimates, and the share's
+  // clock counts the group's launches as if it had the device alone.
+  auto high_about = [&] {  // for a low-priority group: high-priority work pending lately
+    if (state.priority != Priority::low) return false;
     const std::uint64_t now = monotonic_ns(), until = state.demand.high_work_until(device, now);
-    if (until != 0 && until + kHighRecentNs >= now) {
-      backlog_allowed = state.demand.high_launch_cost(device) / kHighDelayDivisor;
-    }
-  }
+    return until != 0 && until + kHighRecentNs >= now;
+  };
+  const std::uint64_t backlog_allowed =
+      high_about() ? low_queue_allowed(state, device) : UINT64_MAX;
   ComputeState& shared = compute();
   pthread_mutex_lock(&shared.lock);
   Track* track = track_for_locked(stream);
@@ -230,17 +261,20 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   }
   collect_locked(*track, track->count == kInFlight);
   const Cost* known = shared.costs.find(key);
-  const std::uint64_t estimate = known != nullptr ? known->estimate() : 0;
+  const Cost cost = known != nullptr ? *known : Cost{};
+  const std::uint64_t estimate = cost.estimate();
+  // Work longer than the queue holds goes into a gap only once the stream's own is done.
   while (backlog_allowed != UINT64_MAX && track->count > 0 &&
-         in_flight_locked(*track) > backlog_allowed + estimate) {
+         in_flight_locked(*track) + estimate > (estimate > backlog_allowed ? 0 : backlog_allowed)) {
     const int before = track->count;
     collect_locked(*track, true);
     if (track->count == before) break;  // the event failed: the device will say why
   }
   pthread_mutex_unlock(&shared.lock);
 
-  const std::uint64_t lead =
-      state.priority == Priority::low ? yield_to_high_priority(state, device, estimate) : kLeadNs;
+  LowPermit permit;
+  if (state.priority == Priority::low) permit = yield_to_high_priority(state, device, &cost);
+  const std::uint64_t lead = permit.lead;
   const std::uint64_t now = monotonic_ns();
   if (state.demand.is_open()) state.demand.stamp(device, now);
   // A bursting group takes the whole device while no other group it can see has wanted it
@@ -258,9 +292,12 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
       launch_at = allowed;
       // High-priority work may have come while this waited: a launch now would keep the
       // device in this group's time slice.
-      if (state.priority == Priority::low) yield_to_high_priority(state, device, estimate);
+      if (state.priority == Priority::low) permit = yield_to_high_priority(state, device, &cost);
     }
   }
+  // The host may have kept this thread off the CPU past the moment its gap allowed: placed
+  // again, from now (its old reservation stays: it only makes others wait a little longer).
+  while (monotonic_ns() > permit.launch_by) permit = yield_to_high_priority(state, device, &cost);
   // Unpriced work is waited for below; until then it keeps low-priority groups out a lead.
   if (state.priority == Priority::high)
     state.demand.add_high_work(device, launch_at, estimate > 0 ? estimate : kLeadNs,
@@ -272,11 +309,18 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
     before = nullptr;
   }
   pthread_mutex_unlock(&shared.lock);
+  std::uint64_t high_until = kNotClean;
+  if (state.demand.is_open()) {
+    const std::uint64_t launching = monotonic_ns();
+    const std::uint64_t until = state.demand.high_work_until(device, launching);
+    if (until <= launching) high_until = until;
+  }
   const CUresult result = launch();
   pthread_mutex_lock(&shared.lock);
   CUevent after = before != nullptr && result == CUDA_SUCCESS ? take_event_locked(*track) : nullptr;
   if (after != nullptr && state.real.cuEventRecord(after, stream) == CUDA_SUCCESS) {
-    track->pending[(track->head + track->count) % kInFlight] = Pending{before, after, key};
+    track->pending[(track->head + track->count) % kInFlight] =
+        Pending{before, after, key, device, high_until};
     ++track->count;
   } else {
     if (before != nullptr) track->spare[track->spares++] = before;

@@ -126,29 +126,43 @@ void Demand::add_high_work(int device, std::uint64_t launch_ns, std::uint64_t co
   }
 }
 
-bool Demand::place_in_high_gap(int device, std::uint64_t now_ns, std::uint64_t high_idle_since_ns,
-                               std::uint64_t cost_ns) {
+Demand::LowPlacement Demand::place_low_work(int device, std::uint64_t now_ns,
+                                            std::uint64_t high_idle_since_ns, std::uint64_t cost_ns,
+                                            std::uint64_t queue_allowed_ns) {
   const std::uint64_t seen = file_->high_gap_count[device].load(std::memory_order_relaxed);
-  if (seen < kMinLongerGaps) return false;
   const int samples = seen < kGapSamples ? static_cast<int>(seen) : kGapSamples;
   std::atomic<std::uint64_t>& until = file_->low_work_until_ns[device];
   std::uint64_t placed = until.load(std::memory_order_relaxed);
   for (;;) {
     const std::uint64_t start = placed > now_ns && placed <= now_ns + kStaleNs ? placed : now_ns;
-    const std::uint64_t idle = start > high_idle_since_ns ? start - high_idle_since_ns : 0;
-    // The shortest gap seen that lasted at least this long: the next launch may come then.
-    // Judged from many such gaps: a few long pauses say little of the next.
-    std::uint64_t shortest = UINT64_MAX;
-    int longer = 0;
-    for (int i = 0; i < samples; ++i) {
-      const std::uint64_t gap = file_->high_gap_ns[device][i].load(std::memory_order_relaxed);
-      if (gap <= idle) continue;
-      ++longer;
-      if (gap < shortest) shortest = gap;
+    // Costs come from a shared file: none may make a sum wrap.
+    const std::uint64_t end = cost_ns <= kStaleNs ? start + cost_ns : UINT64_MAX;
+    std::uint64_t launch_by = 0;
+    if (end - now_ns <= queue_allowed_ns) {
+      launch_by = UINT64_MAX;  // late, it queues behind less: still within the bound
+    } else if (seen >= kMinLongerGaps && end != UINT64_MAX) {
+      const std::uint64_t idle = start > high_idle_since_ns ? start - high_idle_since_ns : 0;
+      // The shortest gap seen that lasted at least this long: the next launch may come then.
+      // Judged from many such gaps: a few long pauses say little of the next.
+      std::uint64_t shortest = UINT64_MAX;
+      int longer = 0;
+      for (int i = 0; i < samples; ++i) {
+        const std::uint64_t gap = file_->high_gap_ns[device][i].load(std::memory_order_relaxed);
+        if (gap <= idle || gap > kStaleNs) continue;  // a gap over a minute is no pattern
+        ++longer;
+        if (gap < shortest) shortest = gap;
+      }
+      if (longer >= kMinLongerGaps && cost_ns <= shortest - idle) {  // shortest > idle
+        launch_by = high_idle_since_ns + shortest - cost_ns;
+      }
     }
-    if (longer < kMinLongerGaps || cost_ns > shortest - idle) return false;  // shortest > idle
-    if (until.compare_exchange_weak(placed, start + cost_ns, std::memory_order_relaxed)) {
-      return true;
+    if (launch_by == 0) {
+      // Room in the queue once the work ahead has run down, if the queue can hold it at all.
+      const bool fits_queue = cost_ns <= queue_allowed_ns && end != UINT64_MAX;
+      return {false, 0, fits_queue ? end - queue_allowed_ns : 0};
+    }
+    if (until.compare_exchange_weak(placed, end, std::memory_order_relaxed)) {
+      return {true, launch_by, 0};
     }
   }
 }

@@ -3,7 +3,8 @@
 // group that may burst (use time nobody else wants) looks for other groups' recent stamps.
 // High-priority groups also keep, per device, when the work they have queued is expected to
 // be done, and the idle gaps they left lately; low-priority groups wait for that time, and
-// launch long work only into a gap it fits.
+// reserve what they launch meanwhile on one low-priority timeline: a short queue, or a gap
+// it fits.
 #pragma once
 
 #include <atomic>
@@ -32,7 +33,8 @@ struct DemandFile {
   // expected to be done to its next launch. A ring: entry `count % kGapSamples` is next.
   std::atomic<std::uint64_t> high_gap_ns[kMaxDevices][kGapSamples];
   std::atomic<std::uint64_t> high_gap_count[kMaxDevices];
-  // When the long low-priority work placed into high-priority gaps is expected to be done.
+  // When the low-priority work launched while high-priority work was about is expected to be
+  // done: all low-priority groups of the device queue on this one timeline.
   std::atomic<std::uint64_t> low_work_until_ns[kMaxDevices];
   struct alignas(64) Slot {            // a line of its own: groups stamp, others read
     std::atomic<std::uint64_t> group;  // the group's ledger inode; 0: free
@@ -58,14 +60,24 @@ class Demand {
   // was expected to be done is recorded. `tolerance_percent`: the group's latency tolerance.
   void add_high_work(int device, std::uint64_t launch_ns, std::uint64_t cost_ns,
                      std::uint32_t tolerance_percent);
+  // What a low-priority launch may do while high-priority work is about.
+  struct LowPlacement {
+    bool placed;  // reserved: launch now
+    std::uint64_t
+        launch_by;           // placed: the launch must reach the device by then (else decide again)
+    std::uint64_t retry_at;  // not placed: when the low-priority queue will have room for it
+  };
   // Low-priority work of `cost_ns`, at `now_ns` while high-priority work has been idle on
-  // device since `high_idle_since_ns`: reserves the device for it and returns true if it ends,
-  // after any low-priority work already placed, before every recent gap that lasted as long
-  // as this one so far, of which there must be kMinLongerGaps; else false. The next launch
-  // then comes during it in at most about 1 gap of kMinLongerGaps: rarer than the 1 in 100
-  // a 99th percentile may lose.
-  bool place_in_high_gap(int device, std::uint64_t now_ns, std::uint64_t high_idle_since_ns,
-                         std::uint64_t cost_ns);
+  // device since `high_idle_since_ns`. It queues after all low-priority work already reserved
+  // (every low-priority group's), and is reserved (placed) if then either
+  // - the queue it ends stays within `queue_allowed_ns` of now: a high-priority launch that
+  //   comes at any moment waits at most that for low-priority work; or
+  // - it ends before every recent gap that lasted as long as this one so far, of which there
+  //   must be kMinLongerGaps: the next launch comes during it in at most about 1 gap of
+  //   kMinLongerGaps, rarer than the 1 in 100 a 99th percentile may lose. Such work must
+  //   reach the device by `launch_by` to end in time.
+  LowPlacement place_low_work(int device, std::uint64_t now_ns, std::uint64_t high_idle_since_ns,
+                              std::uint64_t cost_ns, std::uint64_t queue_allowed_ns);
   static constexpr int kMinLongerGaps = 200;
   std::uint32_t high_tolerance_percent(int device) const {
     return file_->high_tolerance_percent[device].load(std::memory_order_relaxed);
