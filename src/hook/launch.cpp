@@ -16,6 +16,7 @@
 // low-priority timeline per device, shared by all low-priority groups, either in a short queue
 // (half the high groups' tolerance) or in a gap it fits, and must reach the device before its
 // gap no longer holds it (docs/compute.md).
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <cstdlib>
@@ -50,16 +51,28 @@ constexpr std::uint64_t kRepriceAfterNs = 1'000'000'000;
 
 struct Cost {
   std::uint64_t samples[kSamples];
+  std::uint64_t host_spans[kSamples];  // how long the host held each sample's launch
   int count;
   int next;
-  int clean;  // 1 once a sample was taken with no high-priority work on the device in it
+  int clean;  // 1 once a sample was taken with no high-priority work and no host delay in it
   std::uint64_t estimate() const {
     std::uint64_t least = 0;
     for (int i = 0; i < count; ++i) least = (i == 0 || samples[i] < least) ? samples[i] : least;
     return least;
   }
-  void add(std::uint64_t duration, bool clean_sample) {
+  // The least the kernel may take if the host held its launches back (a first launch often
+  // loads the module or uploads the graph) while the device waited: at most the estimate.
+  std::uint64_t least_possible() const {
+    std::uint64_t least = estimate();
+    for (int i = 0; i < count; ++i) {
+      const std::uint64_t possible = samples[i] > host_spans[i] ? samples[i] - host_spans[i] : 0;
+      if (possible < least) least = possible;
+    }
+    return least;
+  }
+  void add(std::uint64_t duration, std::uint64_t host_span, bool clean_sample) {
     samples[next] = duration;
+    host_spans[next] = host_span;
     next = (next + 1) % kSamples;
     if (count < kSamples) ++count;
     if (clean_sample) clean = 1;
@@ -73,6 +86,9 @@ struct Pending {
   // When high-priority work on the device was to be done, as the launch saw it; kNotClean if
   // it was still pending then.
   std::uint64_t high_until;
+  // Host time from recording `before` to the launch's return: the device may have waited for
+  // the launch that long, and the sample holds it.
+  std::uint64_t host_span_ns;
 };
 constexpr std::uint64_t kNotClean = UINT64_MAX;
 
@@ -140,12 +156,14 @@ void collect_locked(Track& track, bool wait) {
         milliseconds > 0) {
       Cost cost{};
       if (Cost* known = compute().costs.find(entry.key)) cost = *known;
-      // No high-priority time in it if none was pending at the launch, and none was launched
-      // since.
+      // The kernel's own time: no high-priority work was pending at the launch or launched
+      // since, and the host did not hold the launch back long (a thread kept off the CPU).
+      const auto sample = static_cast<std::uint64_t>(static_cast<double>(milliseconds) * 1e6);
       const bool clean =
-          entry.high_until != kNotClean && state.demand.is_open() &&
+          entry.high_until != kNotClean && entry.host_span_ns <= sample / 8 &&
+          state.demand.is_open() &&
           state.demand.high_work_until(entry.device, monotonic_ns()) == entry.high_until;
-      cost.add(static_cast<std::uint64_t>(static_cast<double>(milliseconds) * 1e6), clean);
+      cost.add(sample, entry.host_span_ns, clean);
       compute().costs.put(entry.key, cost);
     }
     track.spare[track.spares++] = entry.before;
@@ -165,12 +183,15 @@ std::uint64_t in_flight_locked(const Track& track) {
   return total;
 }
 
-// What a low-priority launch was let do: how far ahead of its share it may queue, and by when
-// it must reach the device.
-struct LowPermit {
-  std::uint64_t lead = kLeadNs;
-  std::uint64_t launch_by = UINT64_MAX;
-};
+// A low-priority group's waits while high-priority work is about are short, and the device
+// may run dry until they end: the thread's timer slack (50 us by default) is 1 us for them,
+// and put back after.
+void wait_closely_until_ns(std::uint64_t when_ns) {
+  const int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0);
+  sleep_until_ns(when_ns);
+  if (slack > 0) prctl(PR_SET_TIMERSLACK, slack, 0, 0, 0);
+}
 
 // How much low-priority work (all low-priority groups' together) may be queued on device while
 // high-priority work is about: half what the high-priority groups tolerate, since a low launch
@@ -179,46 +200,54 @@ std::uint64_t low_queue_allowed(Hook& state, int device) {
   return state.demand.high_launch_cost(device) * state.demand.high_tolerance_percent(device) / 200;
 }
 
+// How far ahead of its share a low-priority group may queue: while high-priority work was
+// pending lately, a fortieth of its latest launch.
+std::uint64_t low_lead(Hook& state, int device) {
+  const std::uint64_t now = monotonic_ns(), until = state.demand.high_work_until(device, now);
+  if (until == 0 || until + kHighRecentNs < now) return kLeadNs;
+  const std::uint64_t high_cost = state.demand.high_launch_cost(device);
+  return high_cost / kHighDelayDivisor < kLeadNs ? high_cost / kHighDelayDivisor : kLeadNs;
+}
+
 // Waits while high-priority work is pending on device, and then reserves the launch on the
 // low-priority timeline (a short queue, or a gap in high-priority demand it fits), waiting
-// while it fits neither; with no high-priority work lately, it goes at once.
-LowPermit yield_to_high_priority(Hook& state, int device, const Cost* cost) {
-  const std::uint64_t price = cost != nullptr ? cost->estimate() : 0;
-  std::uint64_t now = monotonic_ns(), waited = 0;
-  LowPermit permit;
+// while it fits neither; with no high-priority work lately, it goes at once. Returns by when
+// the launch must reach the device.
+std::uint64_t yield_to_high_priority(Hook& state, int device, const Cost& cost) {
+  // A price with no clean sample may hold the host's time: placed at the least the kernel may
+  // take, and priced again by that launch (too long, it delays high-priority work once).
+  const std::uint64_t price = cost.clean != 0 ? cost.estimate() : cost.least_possible();
+  std::uint64_t now = monotonic_ns(), waited = 0, launch_by = UINT64_MAX;
   for (;;) {
     const std::uint64_t until = state.demand.high_work_until(device, now);
     std::uint64_t wake = until;
     if (until <= now) {
       if (until == 0 || until + kHighRecentNs < now) break;  // idle lately: no one to protect
-      const std::uint64_t high_cost = state.demand.high_launch_cost(device);
-      permit.lead =
-          high_cost / kHighDelayDivisor < kLeadNs ? high_cost / kHighDelayDivisor : kLeadNs;
       if (price == 0) break;  // unpriced: waited for and priced at once
       const ledger::Demand::LowPlacement placement =
           state.demand.place_low_work(device, now, until, price, low_queue_allowed(state, device));
       if (placement.placed) {
-        permit.launch_by = placement.launch_by;
+        launch_by = placement.launch_by;
         break;
       }
       // A price taken only beside high-priority work can hold its time (a kernel queued just
-      // as high-priority work took the device); held back a second, such a launch goes at
-      // the start of a gap to be priced again, not wait for a gap it may never have needed.
-      // A price taken once with high-priority work idle is the kernel's own: never.
-      if (cost->clean == 0 && waited >= kRepriceAfterNs && now <= until + kGapLookNs) break;
+      // as high-priority work took the device), or the host's (a launch kept off the CPU);
+      // held back a second, such a launch goes at the start of a gap to be priced again, not
+      // wait for a gap it may never have needed. A price taken once clean is the kernel's own.
+      if (cost.clean == 0 && waited >= kRepriceAfterNs && now <= until + kGapLookNs) break;
       // Looked at again once the low-priority queue has room, or high-priority work may have
       // come (a new gap then starts) or gone idle for good.
       wake = placement.retry_at != 0 && placement.retry_at < now + kGapLookNs ? placement.retry_at
                                                                               : now + kGapLookNs;
       if (until + kHighRecentNs < wake) wake = until + kHighRecentNs;
     }
-    sleep_until_ns(wake);  // high-priority work may have been queued meanwhile: look again
+    wait_closely_until_ns(wake);  // high-priority work may have come meanwhile: look again
     const std::uint64_t woke = monotonic_ns();
     waited += woke - now;
     now = woke;
   }
   if (waited > 0) state.ledger.add_held(device, waited);
-  return permit;
+  return launch_by;
 }
 
 // Whether the launch goes into a graph being captured rather than onto the device. Such a
@@ -265,16 +294,14 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   const std::uint64_t estimate = cost.estimate();
   // Work longer than the queue holds goes into a gap only once the stream's own is done.
   while (backlog_allowed != UINT64_MAX && track->count > 0 &&
-         in_flight_locked(*track) + estimate > (estimate > backlog_allowed ? 0 : backlog_allowed)) {
+         in_flight_locked(*track) > (estimate > backlog_allowed ? 0 : backlog_allowed)) {
     const int before = track->count;
     collect_locked(*track, true);
     if (track->count == before) break;  // the event failed: the device will say why
   }
   pthread_mutex_unlock(&shared.lock);
 
-  LowPermit permit;
-  if (state.priority == Priority::low) permit = yield_to_high_priority(state, device, &cost);
-  const std::uint64_t lead = permit.lead;
+  const std::uint64_t lead = state.priority == Priority::low ? low_lead(state, device) : kLeadNs;
   const std::uint64_t now = monotonic_ns();
   if (state.demand.is_open()) state.demand.stamp(device, now);
   // A bursting group takes the whole device while no other group it can see has wanted it
@@ -290,20 +317,22 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
       sleep_until_ns(allowed);
       state.ledger.add_throttled(device, allowed - now);
       launch_at = allowed;
-      // High-priority work may have come while this waited: a launch now would keep the
-      // device in this group's time slice.
-      if (state.priority == Priority::low) permit = yield_to_high_priority(state, device, &cost);
     }
   }
-  // The host may have kept this thread off the CPU past the moment its gap allowed: placed
-  // again, from now (its old reservation stays: it only makes others wait a little longer).
-  while (monotonic_ns() > permit.launch_by) permit = yield_to_high_priority(state, device, &cost);
+  // Last, just before the launch: what high-priority work wants now. The host may keep this
+  // thread off the CPU past the moment its gap allowed: it is then placed again, from now (its
+  // old reservation stays: it only makes others wait a little longer).
+  if (state.priority == Priority::low) {
+    std::uint64_t launch_by = yield_to_high_priority(state, device, cost);
+    while (monotonic_ns() > launch_by) launch_by = yield_to_high_priority(state, device, cost);
+  }
   // Unpriced work is waited for below; until then it keeps low-priority groups out a lead.
   if (state.priority == Priority::high)
     state.demand.add_high_work(device, launch_at, estimate > 0 ? estimate : kLeadNs,
                                state.priority_tolerance);
   pthread_mutex_lock(&shared.lock);
   CUevent before = take_event_locked(*track);
+  const std::uint64_t recording = monotonic_ns();
   if (before != nullptr && state.real.cuEventRecord(before, stream) != CUDA_SUCCESS) {
     track->spare[track->spares++] = before;
     before = nullptr;
@@ -316,11 +345,12 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
     if (until <= launching) high_until = until;
   }
   const CUresult result = launch();
+  const std::uint64_t host_span = monotonic_ns() - recording;
   pthread_mutex_lock(&shared.lock);
   CUevent after = before != nullptr && result == CUDA_SUCCESS ? take_event_locked(*track) : nullptr;
   if (after != nullptr && state.real.cuEventRecord(after, stream) == CUDA_SUCCESS) {
     track->pending[(track->head + track->count) % kInFlight] =
-        Pending{before, after, key, device, high_until};
+        Pending{before, after, key, device, high_until, host_span};
     ++track->count;
   } else {
     if (before != nullptr) track->spare[track->spares++] = before;
