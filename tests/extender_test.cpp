@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -399,6 +400,73 @@ TEST_F(Extender, BindRecordsTheGpusOnThePodAndCreatesTheBinding) {
   EXPECT_EQ(bind("p5", "gpu-a")["Error"], "");
   EXPECT_NE(bind("p6", "gpu-a")["Error"].get<std::string>().find("no longer fits node gpu-a"),
             std::string::npos);
+}
+
+// The value of one series in Prometheus text, or -1 if it is not there.
+double metric(const std::string& text, const std::string& series) {
+  const std::string start = series + " ";
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    if (text.compare(at, start.size(), start) == 0)
+      return std::stod(text.substr(at + start.size(), end - at - start.size()));
+    at = end + 1;
+  }
+  return -1;
+}
+
+TEST_F(Extender, MetricsCountEachVerbTimeItAndShowBindFailuresAndTheStateSize) {
+  auto scrape = [&] {
+    const auto result = client_->Get("/metrics");
+    EXPECT_TRUE(result);
+    if (!result) return std::string();
+    EXPECT_EQ(result->status, 200);
+    return result->body;
+  };
+  auto series = [](const std::string& text, const std::string& name, const std::string& verb) {
+    return metric(text, name + "{verb=\"" + verb + "\"}");
+  };
+  const std::string before = scrape();
+  for (const char* verb : {"filter", "prioritize", "bind"})
+    EXPECT_EQ(series(before, "tessera_extender_requests_total", verb), 0) << verb;
+  const double nodes = metric(before, "tessera_extender_nodes");
+  const double held = metric(before, "tessera_extender_pods_holding_gpus");
+  EXPECT_GT(nodes, 0);
+  EXPECT_GE(held, 0);
+
+  post("filter", {{"Pod", pod("p4", {{"nvidia.com/gpu", "1"}, {"nvidia.com/gpumem", "20480"}})},
+                  {"NodeNames", {"gpu-a"}}});
+  post("prioritize", {{"Pod", pod("p5", {{"nvidia.com/gpu", "1"}})}, {"NodeNames", {"gpu-a"}}});
+  post("filter", {{"Pod", "not a pod"}}, 400);
+  post("filter", {{"Pod", pod("p6", {{"nvidia.com/gpu", "1"}})}, {"NodeNames", {"gpu-a"}}});
+  EXPECT_EQ(bind("p4", "gpu-a")["Error"], "");
+  EXPECT_EQ(bind("p5", "gpu-a")["Error"], "");
+  EXPECT_NE(bind("p6", "gpu-a")["Error"], "");  // gpu-a is full
+
+  const std::string after = scrape();
+  EXPECT_EQ(series(after, "tessera_extender_requests_total", "filter"), 3);
+  EXPECT_EQ(series(after, "tessera_extender_requests_total", "prioritize"), 1);
+  EXPECT_EQ(series(after, "tessera_extender_requests_total", "bind"), 3);
+  EXPECT_EQ(series(after, "tessera_extender_refused_requests_total", "filter"), 1);
+  EXPECT_EQ(series(after, "tessera_extender_refused_requests_total", "bind"), 0);
+  EXPECT_EQ(metric(after, "tessera_extender_bind_failures_total"), 1);
+  EXPECT_EQ(metric(after, "tessera_extender_nodes"), nodes);
+  EXPECT_EQ(metric(after, "tessera_extender_pods_holding_gpus"), held + 2);
+  // Each verb's histogram: buckets that only grow, up to every request, and time spent.
+  for (const std::string verb : {"filter", "prioritize", "bind"}) {
+    const double count = series(after, "tessera_extender_request_duration_seconds_count", verb);
+    EXPECT_EQ(count, series(after, "tessera_extender_requests_total", verb));
+    const std::string bucket = "tessera_extender_request_duration_seconds_bucket{verb=\"" + verb;
+    std::istringstream lines(after);
+    std::vector<double> within;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind(bucket + "\",le=", 0) == 0)
+        within.push_back(std::stod(line.substr(line.rfind(' ') + 1)));
+    }
+    ASSERT_GE(within.size(), 2u) << after;
+    EXPECT_TRUE(std::is_sorted(within.begin(), within.end())) << verb;
+    EXPECT_EQ(within.back(), count) << "the +Inf bucket holds every " << verb;
+    EXPECT_GT(series(after, "tessera_extender_request_duration_seconds_sum", verb), 0) << verb;
+  }
 }
 
 // A node whose GPU 0 is cut into MIG devices (the node agent's mixed strategy) and GPU 1 whole.

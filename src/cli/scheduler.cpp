@@ -119,6 +119,9 @@ int scheduler_command(const SchedulerOptions& options) {
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok", "text/plain");
   });
+  server.Get("/metrics", [&extender](const httplib::Request&, httplib::Response& response) {
+    response.set_content(extender.metrics(), "text/plain; version=0.0.4");
+  });
   // httplib listens with a backlog of 5: a burst of connections beyond it waits a second for
   // the SYN to be sent again. The listening socket's backlog is raised once it is bound.
   int listening_socket = -1;

@@ -352,7 +352,48 @@ std::string Extender::refusal_locked(const PodRequest& pod, const std::string& n
   return {};
 }
 
+HttpReply Extender::measured(Verb verb, const std::string& body,
+                             HttpReply (Extender::*answer)(const std::string&)) {
+  const auto start = std::chrono::steady_clock::now();
+  HttpReply reply;
+  try {
+    reply = (this->*answer)(body);
+  } catch (...) {  // a defect, answered by the server with a 500: counted as refused
+    metrics_.record(verb, std::chrono::steady_clock::now() - start, true, verb == Verb::bind);
+    throw;
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  bool bind_failed = false;
+  if (verb == Verb::bind && reply.status == 200) {  // an Error in the answer: the bind failed
+    const nlohmann::json said = nlohmann::json::parse(reply.body, nullptr, false);
+    bind_failed =
+        !said.is_object() || !said.contains("Error") || said["Error"] != nlohmann::json("");
+  }
+  metrics_.record(verb, took, reply.status != 200, bind_failed);
+  return reply;
+}
+
 HttpReply Extender::filter(const std::string& body) {
+  return measured(Verb::filter, body, &Extender::answer_filter);
+}
+HttpReply Extender::prioritize(const std::string& body) {
+  return measured(Verb::prioritize, body, &Extender::answer_prioritize);
+}
+HttpReply Extender::bind(const std::string& body) {
+  return measured(Verb::bind, body, &Extender::answer_bind);
+}
+
+std::string Extender::metrics() {
+  StateSize state;
+  {
+    std::shared_lock<std::shared_mutex> reading(mutex_);
+    state.nodes = nodes_.size();
+    state.pods_held = holds_.size();
+  }
+  return metrics_.render(state);
+}
+
+HttpReply Extender::answer_filter(const std::string& body) {
   Candidates candidates;
   HttpReply reply;
   if (!parse_args(body, candidates, reply)) return reply;
@@ -386,7 +427,7 @@ HttpReply Extender::filter(const std::string& body) {
   return json_reply(200, result);
 }
 
-HttpReply Extender::prioritize(const std::string& body) {
+HttpReply Extender::answer_prioritize(const std::string& body) {
   Candidates candidates;
   HttpReply reply;
   if (!parse_args(body, candidates, reply)) return reply;
@@ -422,7 +463,7 @@ HttpReply Extender::prioritize(const std::string& body) {
   return json_reply(200, result);
 }
 
-HttpReply Extender::bind(const std::string& body) {
+HttpReply Extender::answer_bind(const std::string& body) {
   nlohmann::json args;
   try {
     args = parse_outside_json(body);

@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "extender/cluster_objects.h"
+#include "extender/metrics.h"
 #include "kube/api_client.h"
 #include "kube/reflector.h"
 #include "sched/engine.h"
@@ -54,6 +55,8 @@ class Extender {
   HttpReply filter(const std::string& body);
   HttpReply prioritize(const std::string& body);
   HttpReply bind(const std::string& body);
+  // Prometheus text: the verbs' counts and latencies, bind failures, the state's size.
+  std::string metrics();
 
   // Lists nodes and pods from the API server and rebuilds the allocation state from the
   // pods' assignments. False (state kept) if the API server could not be read.
@@ -95,6 +98,12 @@ class Extender {
   // What a listed or watched pod holds, if anything; problems go to report_.
   std::optional<Hold> hold_of(const nlohmann::json& pod, const std::string& uid);
 
+  // Answers a verb's request, counted and timed in metrics_.
+  HttpReply measured(Verb verb, const std::string& body,
+                     HttpReply (Extender::*answer)(const std::string&));
+  HttpReply answer_filter(const std::string& body);
+  HttpReply answer_prioritize(const std::string& body);
+  HttpReply answer_bind(const std::string& body);
   // Parses ExtenderArgs; on failure fills reply with 400 and the reason.
   bool parse_args(const std::string& body, Candidates& candidates, HttpReply& reply);
   // The cluster model from nodes_, with every hold applied: after nodes change or a relist.
@@ -115,6 +124,7 @@ class Extender {
   Reporter report_;
   ExtenderLimits limits_;
   std::atomic<int> binds_in_flight_{0};
+  ExtenderMetrics metrics_;
 
   std::shared_mutex mutex_;  // guards all below
   std::map<std::string, NodeInfo> nodes_;
