@@ -266,6 +266,15 @@ bool NodeAgent::reload() {
 }
 
 void NodeAgent::apply(std::shared_ptr<const Served> next) {
+  // The GPUs' time slice first: the kubelet may hear of the new config's devices as soon as
+  // it is the one served (a health change sends the list), and they run under its slice.
+  const int timeslice = next->config.flags.compute_timeslice;
+  if (timeslice >= 0 && timeslice != applied_timeslice_) {
+    if (apply_compute_timeslice(options_.nvidia_smi, inventory_, timeslice,
+                                [this](const std::string& text) { say(text); })) {
+      applied_timeslice_ = timeslice;
+    }
+  }
   {
     std::lock_guard<std::mutex> locked(state_mutex_);
     served_ = next;
@@ -284,13 +293,6 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
         [this](const std::string& text) { say(text); }, options_.mps_check_every);
   }
   if (mps_ != nullptr) mps_->apply(daemons);
-  const int timeslice = next->config.flags.compute_timeslice;
-  if (timeslice >= 0 && timeslice != applied_timeslice_) {
-    if (apply_compute_timeslice(options_.nvidia_smi, inventory_, timeslice,
-                                [this](const std::string& text) { say(text); })) {
-      applied_timeslice_ = timeslice;
-    }
-  }
   // The node's labels describe what is served before the kubelet sees it (the publish loop
   // keeps them current after).
   if (!options_.features_dir.empty()) {
