@@ -14,8 +14,8 @@
 // low-priority work on the device when high-priority work arrives delays it: while
 // high-priority work was pending lately, every low-priority launch is reserved on one
 // low-priority timeline per device, shared by all low-priority groups, either in a short queue
-// (half the high groups' tolerance) or in a gap it fits, and must reach the device before its
-// gap no longer holds it (docs/compute.md).
+// (a quarter of the high groups' tolerance) or in a gap it fits, and must reach the device before
+// its gap no longer holds it (docs/compute.md).
 #include <sys/prctl.h>
 #include <time.h>
 
@@ -194,10 +194,10 @@ void wait_closely_until_ns(std::uint64_t when_ns) {
 }
 
 // How much low-priority work (all low-priority groups' together) may be queued on device while
-// high-priority work is about: half what the high-priority groups tolerate, since a low launch
-// decided just before a high one can still reach the device first.
+// high-priority work is about: a quarter of what the high-priority groups tolerate, since a low
+// launch of each group decided just before a high one can still reach the device first.
 std::uint64_t low_queue_allowed(Hook& state, int device) {
-  return state.demand.high_launch_cost(device) * state.demand.high_tolerance_percent(device) / 200;
+  return state.demand.high_launch_cost(device) * state.demand.high_tolerance_percent(device) / 400;
 }
 
 // How far ahead of its share a low-priority group may queue: while high-priority work was
