@@ -27,20 +27,18 @@ void ExtenderMetrics::record(Verb verb, std::chrono::nanoseconds took, bool refu
 std::string ExtenderMetrics::render(const StateSize& state) const {
   fmt::memory_buffer out;
   auto append = [&out](const std::string& text) { out.append(text); };
-  append(
-      "# HELP tessera_extender_requests_total Requests answered, by verb.\n"
-      "# TYPE tessera_extender_requests_total counter\n");
-  for (std::size_t v = 0; v < verbs_.size(); ++v) {
-    append(fmt::format("tessera_extender_requests_total{{verb=\"{}\"}} {}\n", kVerbNames[v],
-                       verbs_[v].requests.load(std::memory_order_acquire)));
-  }
-  append(
-      "# HELP tessera_extender_refused_requests_total Requests refused as malformed, by verb.\n"
-      "# TYPE tessera_extender_refused_requests_total counter\n");
-  for (std::size_t v = 0; v < verbs_.size(); ++v) {
-    append(fmt::format("tessera_extender_refused_requests_total{{verb=\"{}\"}} {}\n", kVerbNames[v],
-                       verbs_[v].refused.load(std::memory_order_relaxed)));
-  }
+  // A counter per verb, from one member of each verb's figures.
+  auto per_verb = [&](const char* name, const char* help,
+                      std::atomic<std::uint64_t> PerVerb::*member) {
+    append(fmt::format("# HELP {} {}\n# TYPE {} counter\n", name, help, name));
+    for (std::size_t v = 0; v < verbs_.size(); ++v) {
+      append(fmt::format("{}{{verb=\"{}\"}} {}\n", name, kVerbNames[v],
+                         (verbs_[v].*member).load(std::memory_order_acquire)));
+    }
+  };
+  per_verb("tessera_extender_requests_total", "Requests answered, by verb.", &PerVerb::requests);
+  per_verb("tessera_extender_refused_requests_total", "Requests refused as malformed, by verb.",
+           &PerVerb::refused);
   append(
       "# HELP tessera_extender_request_duration_seconds Time to answer a request, by verb.\n"
       "# TYPE tessera_extender_request_duration_seconds histogram\n");

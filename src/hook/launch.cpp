@@ -332,20 +332,23 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
                                state.priority_tolerance);
   pthread_mutex_lock(&shared.lock);
   CUevent before = take_event_locked(*track);
-  const std::uint64_t recording = monotonic_ns();
+  // Whether a sample is clean matters only to low-priority groups: others read no clock and
+  // no demand file for it.
+  const bool low = state.priority == Priority::low;
+  const std::uint64_t recording = low ? monotonic_ns() : 0;
   if (before != nullptr && state.real.cuEventRecord(before, stream) != CUDA_SUCCESS) {
     track->spare[track->spares++] = before;
     before = nullptr;
   }
   pthread_mutex_unlock(&shared.lock);
   std::uint64_t high_until = kNotClean;
-  if (state.demand.is_open()) {
+  if (low && state.demand.is_open()) {
     const std::uint64_t launching = monotonic_ns();
     const std::uint64_t until = state.demand.high_work_until(device, launching);
     if (until <= launching) high_until = until;
   }
   const CUresult result = launch();
-  const std::uint64_t host_span = monotonic_ns() - recording;
+  const std::uint64_t host_span = low ? monotonic_ns() - recording : 0;
   pthread_mutex_lock(&shared.lock);
   CUevent after = before != nullptr && result == CUDA_SUCCESS ? take_event_locked(*track) : nullptr;
   if (after != nullptr && state.real.cuEventRecord(after, stream) == CUDA_SUCCESS) {
