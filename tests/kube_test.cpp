@@ -9,7 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include "fake_cluster.h"
 #include "kube/api_client.h"
+#include "kube/lease.h"
 #include "kube/reflector.h"
 #include "support.h"
 
@@ -174,6 +176,89 @@ TEST(KubeReflector, AListIsHandedOverWholeOrRefusedWithAReason) {
   EXPECT_EQ(seen.calls.size(), 1u);  // nothing more was handed over
   server.stop();
   serving.join();
+}
+
+}  // namespace
+}  // namespace tessera::kube
+
+namespace tessera::kube {
+namespace {
+
+LeaseSettings lease_for(const std::string& identity) {
+  LeaseSettings settings;
+  settings.identity = identity;
+  settings.duration = std::chrono::seconds(2);
+  settings.renew_deadline = std::chrono::milliseconds(1000);
+  settings.retry_period = std::chrono::milliseconds(100);
+  return settings;
+}
+
+TEST(Lease, ARenewedLeaseIsNeverTakenAndAReleasedOneIsTakenAtOnce) {
+  test::FakeCluster cluster;
+  const ApiClient api({.server = cluster.url()});
+  LeaderElector first(api, lease_for("first")), second(api, lease_for("second"));
+  ASSERT_TRUE(first.try_acquire_or_renew());
+  // Past the lease's duration, as long as the holder renews, the other never takes it.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(first.try_acquire_or_renew());
+    ASSERT_FALSE(second.try_acquire_or_renew());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the retry period
+  }
+  first.release();
+  EXPECT_EQ((*cluster.get("leases", "kube-system/tessera-scheduler"))["spec"]["holderIdentity"],
+            "");
+  EXPECT_TRUE(second.try_acquire_or_renew());
+  EXPECT_FALSE(first.try_acquire_or_renew());
+}
+
+TEST(Lease, OfManyRacingForAFreeLeaseExactlyOneTakesIt) {
+  test::FakeCluster cluster;
+  const ApiClient api({.server = cluster.url()});
+  std::vector<std::unique_ptr<LeaderElector>> electors;
+  for (int i = 0; i < 8; ++i) {
+    electors.push_back(std::make_unique<LeaderElector>(api, lease_for("r" + std::to_string(i))));
+  }
+  std::atomic<int> holders{0};
+  std::vector<std::thread> racing;
+  for (auto& elector : electors) {
+    racing.emplace_back([&, e = elector.get()] { holders += e->try_acquire_or_renew() ? 1 : 0; });
+  }
+  for (auto& thread : racing) thread.join();
+  EXPECT_EQ(holders.load(), 1);
+}
+
+TEST(Lease, FollowingLeadsWhileTheHolderIsThisReplicaAndReportsAnUnreadableLease) {
+  test::FakeCluster cluster;
+  const ApiClient api({.server = cluster.url()});
+  auto follower = [&](const std::string& identity) {
+    LeaseSettings settings = lease_for(identity);
+    settings.follow = true;
+    settings.name = "kube-scheduler";
+    return settings;
+  };
+  nlohmann::json lease{{"metadata", {{"name", "kube-scheduler"}, {"namespace", "kube-system"}}},
+                       {"spec",
+                        {{"holderIdentity", "pod-a_5c2f"},
+                         {"leaseDurationSeconds", 2},
+                         {"renewTime", "2026-12-05T10:00:00.000000Z"}}}};
+  cluster.put("leases", lease);
+  std::vector<std::string> said;
+  LeaderElector same(api, follower("pod-a")), other(api, follower("pod-b")),
+      prefix(api, follower("pod"));
+  EXPECT_TRUE(same.try_acquire_or_renew());
+  EXPECT_FALSE(other.try_acquire_or_renew());
+  EXPECT_FALSE(prefix.try_acquire_or_renew());
+  // A follower never writes the Lease.
+  EXPECT_EQ((*cluster.get("leases", "kube-system/kube-scheduler"))["spec"]["holderIdentity"],
+            "pod-a_5c2f");
+  lease["spec"]["leaseDurationSeconds"] = "forever";
+  cluster.put("leases", lease);
+  LeaderElector reading(api, follower("pod-a"),
+                        [&](const std::string& line) { said.push_back(line); });
+  EXPECT_FALSE(reading.try_acquire_or_renew());
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("leaseDurationSeconds is not an integer"), std::string::npos) << said[0];
 }
 
 }  // namespace

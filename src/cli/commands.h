@@ -70,6 +70,14 @@ struct SchedulerOptions {
   std::string ca_file;
   std::string policy = "fgd-packed";
   int timeout_ms = 5000;
+  std::string tls_cert_file, tls_key_file;  // both: HTTPS
+  bool leader_elect = false;
+  bool lease_follow = false;
+  std::string lease_name = "tessera-scheduler";
+  std::string lease_namespace;  // empty: POD_NAMESPACE, else kube-system
+  std::string leader_identity;  // empty: POD_NAME, else the host's name
+  int lease_duration_s = 15;
+  double renew_deadline_s = 10, retry_period_s = 2;  // kube-scheduler's defaults
 };
 int scheduler_command(const SchedulerOptions& options);
 

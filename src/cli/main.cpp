@@ -92,6 +92,33 @@ int main(int argc, char** argv) {
   scheduler_app->add_option("--policy", scheduler.policy, "Default placement policy");
   scheduler_app->add_option("--timeout-ms", scheduler.timeout_ms, "API server timeout per attempt")
       ->check(CLI::Range(1, 600000));
+  scheduler_app->add_option("--tls-cert-file", scheduler.tls_cert_file,
+                            "Serve HTTPS with this PEM certificate (chain) ...");
+  scheduler_app->add_option("--tls-key-file", scheduler.tls_key_file,
+                            "... and this PEM private key");
+  scheduler_app->add_flag("--leader-elect", scheduler.leader_elect,
+                          "Bind only while this replica holds the Lease (several replicas)");
+  scheduler_app->add_flag("--lease-follow", scheduler.lease_follow,
+                          "Never take the Lease: lead while its holder is this replica's "
+                          "identity (a kube-scheduler beside it holds it)");
+  scheduler_app->add_option("--lease-name", scheduler.lease_name, "The Lease's name");
+  scheduler_app->add_option("--lease-namespace", scheduler.lease_namespace,
+                            "The Lease's namespace (default: POD_NAMESPACE, else kube-system)");
+  scheduler_app->add_option("--leader-identity", scheduler.leader_identity,
+                            "This replica's name in the Lease (default: POD_NAME, else the "
+                            "host name)");
+  scheduler_app
+      ->add_option("--lease-duration", scheduler.lease_duration_s,
+                   "Seconds a Lease not renewed stays held")
+      ->check(CLI::Range(1, 3600));
+  scheduler_app
+      ->add_option("--renew-deadline", scheduler.renew_deadline_s,
+                   "Seconds the leader may fail to renew before it stops binding")
+      ->check(CLI::Range(0.01, 3600.0));
+  scheduler_app
+      ->add_option("--retry-period", scheduler.retry_period_s,
+                   "Seconds between tries to take or renew the Lease")
+      ->check(CLI::Range(0.01, 3600.0));
 
   NodeOptions node;
   CLI::App* node_app = app.add_subcommand(

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "cli/commands.h"
 #include "extender/extender.h"
 #include "kube/api_client.h"
+#include "kube/lease.h"
 
 namespace tessera::cli {
 namespace {
@@ -34,6 +36,62 @@ void report(const std::string& failure) {
 constexpr std::size_t kServerThreads = 64;
 constexpr std::size_t kMostBodyBytes = std::size_t{64} << 20;  // whole Node lists of big clusters
 constexpr int kReadTimeoutSeconds = 5, kWriteTimeoutSeconds = 5, kIdleKeepAliveSeconds = 2;
+
+std::string environment_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string("tessera");
+}
+
+std::chrono::milliseconds milliseconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+// Where the Lease is and how this replica takes part, from the options; refuses settings that
+// could let two replicas bind at once.
+kube::LeaseSettings lease_settings(const SchedulerOptions& options) {
+  kube::LeaseSettings settings;
+  settings.name = options.lease_name;
+  settings.namespace_name = options.lease_namespace.empty()
+                                ? environment_or("POD_NAMESPACE", "kube-system")
+                                : options.lease_namespace;
+  settings.identity = options.leader_identity.empty() ? environment_or("POD_NAME", host_name())
+                                                      : options.leader_identity;
+  settings.duration = std::chrono::seconds(options.lease_duration_s);
+  settings.renew_deadline = milliseconds(options.renew_deadline_s);
+  settings.retry_period = milliseconds(options.retry_period_s);
+  settings.follow = options.lease_follow;
+  if (const std::string why = kube::why_not_valid(settings); !why.empty()) {
+    throw UsageError(fmt::format("leader election: {}", why));
+  }
+  return settings;
+}
+
+// The HTTP server, or with a certificate and key the HTTPS one; refuses files it cannot use.
+std::unique_ptr<httplib::Server> make_server(const SchedulerOptions& options) {
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    throw UsageError("--tls-cert-file and --tls-key-file go together");
+  }
+  if (options.tls_cert_file.empty()) return std::make_unique<httplib::Server>();
+  for (const std::string& file : {options.tls_cert_file, options.tls_key_file}) {
+    if (access(file.c_str(), R_OK) != 0) {
+      throw std::runtime_error(fmt::format("cannot read {}: {}", file, std::strerror(errno)));
+    }
+  }
+  auto server = std::make_unique<httplib::SSLServer>(options.tls_cert_file.c_str(),
+                                                     options.tls_key_file.c_str());
+  if (!server->is_valid()) {
+    throw std::runtime_error(fmt::format(
+        "cannot serve HTTPS with certificate {} and key {}: each must be PEM, and the key the "
+        "certificate's",
+        options.tls_cert_file, options.tls_key_file));
+  }
+  return server;
+}
 
 }  // namespace
 
@@ -63,6 +121,10 @@ int scheduler_command(const SchedulerOptions& options) {
   std::string host;
   int port = -1;
   split_listen_address(options.listen, "--listen", host, port);
+  const bool elects = options.leader_elect || options.lease_follow;
+  const kube::LeaseSettings lease = elects ? lease_settings(options) : kube::LeaseSettings{};
+  const std::unique_ptr<httplib::Server> serving = make_server(options);
+  httplib::Server& server = *serving;
 
   kube::ApiClientOptions api;
   std::string problem;
@@ -88,8 +150,13 @@ int scheduler_command(const SchedulerOptions& options) {
   extender::Extender extender(policy, std::make_unique<kube::ApiClient>(api), report);
   std::string error;
   if (!extender.sync(error)) report(error + " (will retry)");
+  const kube::ApiClient election_api(api);
+  std::unique_ptr<kube::LeaderElector> elector;
+  if (elects) {
+    elector = std::make_unique<kube::LeaderElector>(election_api, lease, report);
+    extender.bind_only_while([&elector] { return elector->leading(); });
+  }
 
-  httplib::Server server;
   server.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
   server.set_payload_max_length(kMostBodyBytes);
   server.set_read_timeout(kReadTimeoutSeconds, 0);
@@ -142,6 +209,25 @@ int scheduler_command(const SchedulerOptions& options) {
   std::thread pods([&] { extender.follow(extender::Extender::Resource::pods, stopping, report); });
   std::thread nodes(
       [&] { extender.follow(extender::Extender::Resource::nodes, stopping, report); });
+  // A replica that comes to lead lists everything again first: the last leader's binds may
+  // not have reached its watches yet.
+  std::thread election([&] {
+    if (!elector) return;
+    elector->run(stopping, [&](bool leading) {
+      if (!leading) {
+        report(fmt::format("no longer the leader (lease {}/{})", lease.namespace_name, lease.name));
+        return true;
+      }
+      std::string failure;
+      if (!extender.sync(failure)) {
+        report(failure + " (not leading until the state is read)");
+        return false;
+      }
+      report(fmt::format("leading as {} (lease {}/{})", lease.identity, lease.namespace_name,
+                         lease.name));
+      return true;
+    });
+  });
   std::atomic<bool> served{false};
   std::thread signals([&] {
     int signal = 0;
@@ -160,6 +246,7 @@ int scheduler_command(const SchedulerOptions& options) {
   stopping = true;
   pods.join();
   nodes.join();
+  election.join();
   return 0;
 }
 

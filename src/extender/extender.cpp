@@ -383,8 +383,13 @@ HttpReply Extender::bind(const std::string& body) {
   return measured(Verb::bind, body, &Extender::answer_bind);
 }
 
+void Extender::bind_only_while(std::function<bool()> leading) {
+  leading_ = std::move(leading);
+}
+
 std::string Extender::metrics() {
   StateSize state;
+  state.leading = !leading_ || leading_();
   {
     std::shared_lock<std::shared_mutex> reading(mutex_);
     state.nodes = nodes_.size();
@@ -492,6 +497,12 @@ HttpReply Extender::answer_bind(const std::string& body) {
     return json_reply(200, nlohmann::json{{"Error", reason}});
   };
 
+  // Another replica may lead and bind: binding here too could give its GPUs twice.
+  const auto not_leading = [this] { return leading_ && !leading_(); };
+  const std::string not_leader =
+      "this replica of tessera scheduler is not the leader; the leader binds";
+  if (not_leading()) return error(not_leader);
+
   // A bind waits on the API server: a few at a time, so that filter always finds a thread.
   struct InFlight {
     std::atomic<int>& count;
@@ -570,6 +581,11 @@ HttpReply Extender::answer_bind(const std::string& body) {
     }
   };
 
+  // Leadership may have lapsed while the pod was read.
+  if (not_leading()) {
+    give_back();
+    return error(not_leader);
+  }
   RecordedAssignment record{node_name, gpus, {}, gpu_milli};
   for (const int gpu : gpus) {
     if (static_cast<std::size_t>(gpu) < node_uuids.size()) record.uuids.push_back(node_uuids[gpu]);

@@ -58,6 +58,10 @@ class Extender {
   // Prometheus text: the verbs' counts and latencies, bind failures, the state's size.
   std::string metrics();
 
+  // With several replicas, only the leader binds: `leading` says whether this replica leads
+  // now (kube::LeaderElector::leading). Without it, this extender always binds.
+  void bind_only_while(std::function<bool()> leading);
+
   // Lists nodes and pods from the API server and rebuilds the allocation state from the
   // pods' assignments. False (state kept) if the API server could not be read.
   bool sync(std::string& error);
@@ -124,6 +128,7 @@ class Extender {
   Reporter report_;
   ExtenderLimits limits_;
   std::atomic<int> binds_in_flight_{0};
+  std::function<bool()> leading_;  // set before serving; empty: always leads
   ExtenderMetrics metrics_;
 
   std::shared_mutex mutex_;  // guards all below

@@ -70,8 +70,12 @@ std::string ExtenderMetrics::render(const StateSize& state) const {
       "# HELP tessera_extender_pods_holding_gpus Pods holding GPUs in the extender's cluster "
       "state.\n"
       "# TYPE tessera_extender_pods_holding_gpus gauge\n"
-      "tessera_extender_pods_holding_gpus {}\n",
-      bind_failures_.load(std::memory_order_relaxed), state.nodes, state.pods_held));
+      "tessera_extender_pods_holding_gpus {}\n"
+      "# HELP tessera_extender_leader 1 if this replica binds: it leads, or runs alone.\n"
+      "# TYPE tessera_extender_leader gauge\n"
+      "tessera_extender_leader {}\n",
+      bind_failures_.load(std::memory_order_relaxed), state.nodes, state.pods_held,
+      state.leading ? 1 : 0));
   return fmt::to_string(out);
 }
 

@@ -218,6 +218,11 @@ ApiResponse ApiClient::post(const std::string& path, const std::string& json,
   return call("POST", path, &json, "application/json", deadline);
 }
 
+ApiResponse ApiClient::put(const std::string& path, const std::string& json,
+                           Deadline deadline) const {
+  return call("PUT", path, &json, "application/json", deadline);
+}
+
 ApiResponse ApiClient::patch(const std::string& path, const std::string& json,
                              Deadline deadline) const {
   return call("PATCH", path, &json, "application/merge-patch+json", deadline);

@@ -52,6 +52,9 @@ class ApiClient {
   ApiResponse get(const std::string& path, Deadline deadline = Deadline::max()) const;
   ApiResponse post(const std::string& path, const std::string& json,
                    Deadline deadline = Deadline::max()) const;
+  // Replaces the object at `path`; the API server refuses (409) a stale resourceVersion.
+  ApiResponse put(const std::string& path, const std::string& json,
+                  Deadline deadline = Deadline::max()) const;
   // A JSON merge patch (application/merge-patch+json).
   ApiResponse patch(const std::string& path, const std::string& json,
                     Deadline deadline = Deadline::max()) const;

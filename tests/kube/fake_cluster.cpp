@@ -104,8 +104,57 @@ FakeCluster::FakeCluster() {
                  response.status = 201;
                  response.set_content(binding.dump(), "application/json");
                });
+  serve_leases();
   port_ = server_.bind_to_any_port("127.0.0.1");
   thread_ = std::thread([this] { server_.listen_after_bind(); });
+}
+
+// Leases as the API server keeps them: create refused (409) when one exists, replace refused
+// (409) when it names a version that is not the Lease's.
+void FakeCluster::serve_leases() {
+  const std::string base = R"(/apis/coordination.k8s.io/v1/namespaces/([^/]+)/leases)";
+  auto refuse = [](httplib::Response& response, int status) {
+    response.status = status;
+    response.set_content(nlohmann::json{{"kind", "Status"}, {"code", status}}.dump(),
+                         "application/json");
+  };
+  server_.Get(base + "/([^/]+)", [this, refuse](const httplib::Request& request,
+                                                httplib::Response& response) {
+    const auto found = get("leases", request.matches[1].str() + "/" + request.matches[2].str());
+    if (!found) return refuse(response, 404);
+    response.set_content(found->dump(), "application/json");
+  });
+  server_.Post(base, [this, refuse](const httplib::Request& request, httplib::Response& response) {
+    nlohmann::json lease = nlohmann::json::parse(request.body, nullptr, false);
+    if (!lease.is_object() || !lease.contains("metadata")) return refuse(response, 400);
+    lease["metadata"]["namespace"] = request.matches[1].str();
+    std::lock_guard<std::mutex> locked(mutex_);
+    requests_.push_back("POST " + request.path);
+    const std::string key = key_of("leases", lease);
+    if (objects_["leases"].count(key) > 0) return refuse(response, 409);
+    stamp(lease);
+    objects_["leases"][key] = lease;
+    record("leases", "ADDED", lease);
+    response.status = 201;
+    response.set_content(lease.dump(), "application/json");
+  });
+  server_.Put(base + "/([^/]+)", [this, refuse](const httplib::Request& request,
+                                                httplib::Response& response) {
+    nlohmann::json lease = nlohmann::json::parse(request.body, nullptr, false);
+    if (!lease.is_object() || !lease.contains("metadata")) return refuse(response, 400);
+    std::lock_guard<std::mutex> locked(mutex_);
+    requests_.push_back("PUT " + request.path);
+    auto found = objects_["leases"].find(request.matches[1].str() + "/" + request.matches[2].str());
+    if (found == objects_["leases"].end()) return refuse(response, 404);
+    if (lease["metadata"].contains("resourceVersion") &&
+        lease["metadata"]["resourceVersion"] != found->second["metadata"]["resourceVersion"]) {
+      return refuse(response, 409);
+    }
+    stamp(lease);
+    found->second = lease;
+    record("leases", "MODIFIED", lease);
+    response.set_content(lease.dump(), "application/json");
+  });
 }
 
 FakeCluster::~FakeCluster() {

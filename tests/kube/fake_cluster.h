@@ -1,8 +1,8 @@
 // An API server for tests that holds state: nodes and pods with resource versions, lists
 // with field selectors, watches that stream every change from a version on, JSON merge
 // patches (refused with 409 when they name a version that is not the object's), and pod
-// bindings. Real HTTP on loopback; what the kubelet and controllers would do to objects
-// (create a pod, move it to Running) the test does through the methods below.
+// bindings, and coordination.k8s.io Leases. Real HTTP on loopback; what the kubelet and controllers
+// would do to objects (create a pod, move it to Running) the test does through the methods below.
 #pragma once
 
 #include <httplib.h>
@@ -28,7 +28,8 @@ class FakeCluster {
 
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
-  // Adds or replaces an object (kind "nodes" or "pods"), as a controller would; watchers see it.
+  // Adds or replaces an object (kind "nodes", "pods" or "leases"), as a controller would; watchers
+  // see it.
   void put(const std::string& kind, nlohmann::json object);
   void remove(const std::string& kind, const std::string& key);
   // Applies a merge patch to an object, as a user's kubectl would.
@@ -54,6 +55,7 @@ class FakeCluster {
   void stamp(nlohmann::json& object);
   void serve_collection(const std::string& kind, const httplib::Request& request,
                         httplib::Response& response);
+  void serve_leases();
   void serve_patch(const std::string& kind, const std::string& key, const httplib::Request& request,
                    httplib::Response& response);
 
