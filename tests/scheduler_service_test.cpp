@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
+#include <yaml-cpp/yaml.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "fake_cluster.h"
@@ -281,6 +284,236 @@ TEST(SchedulerReplicas, LeaderElectionSettingsThatCouldElectTwoAreRefused) {
   const Finished bad_name = start({"--lease-name", "Not_A_Name"});
   EXPECT_EQ(bad_name.exit_code, 2);
   EXPECT_NE(bad_name.err.find("lease name 'Not_A_Name'"), std::string::npos) << bad_name.err;
+}
+
+}  // namespace
+}  // namespace tessera::test
+
+// The manifests in deploy/, checked offline: each document is an object Kubernetes knows with
+// the fields its kind has (a misspelt field fails here, not on a user's cluster), names that
+// refer to each other agree, and the scheduler's configuration agrees with the Deployment that
+// carries it.
+namespace tessera::test {
+namespace {
+
+using Fields = std::set<std::string>;
+
+const std::map<std::string, std::pair<std::string, Fields>>& kinds() {
+  static const std::map<std::string, std::pair<std::string, Fields>> known = {
+      {"ServiceAccount", {"v1", {}}},
+      {"ConfigMap", {"v1", {"data"}}},
+      {"Service", {"v1", {"spec"}}},
+      {"Pod", {"v1", {"spec"}}},
+      {"Deployment", {"apps/v1", {"spec"}}},
+      {"DaemonSet", {"apps/v1", {"spec"}}},
+      {"ClusterRole", {"rbac.authorization.k8s.io/v1", {"rules"}}},
+      {"ClusterRoleBinding", {"rbac.authorization.k8s.io/v1", {"roleRef", "subjects"}}},
+      {"RoleBinding", {"rbac.authorization.k8s.io/v1", {"roleRef", "subjects"}}},
+      {"KubeSchedulerConfiguration",
+       {"kubescheduler.config.k8s.io/v1", {"leaderElection", "profiles", "extenders"}}},
+  };
+  return known;
+}
+
+const Fields kPodSpecFields = {
+    "containers",    "initContainers", "volumes",         "serviceAccountName", "nodeSelector",
+    "tolerations",   "affinity",       "hostPID",         "hostNetwork",        "priorityClassName",
+    "schedulerName", "restartPolicy",  "securityContext", "runtimeClassName"};
+const Fields kContainerFields = {"name",
+                                 "image",
+                                 "command",
+                                 "args",
+                                 "workingDir",
+                                 "ports",
+                                 "env",
+                                 "envFrom",
+                                 "resources",
+                                 "volumeMounts",
+                                 "livenessProbe",
+                                 "readinessProbe",
+                                 "startupProbe",
+                                 "lifecycle",
+                                 "imagePullPolicy",
+                                 "securityContext"};
+const Fields kExtenderFields = {"urlPrefix",        "filterVerb",       "preemptVerb",
+                                "prioritizeVerb",   "bindVerb",         "weight",
+                                "enableHTTPS",      "tlsConfig",        "httpTimeout",
+                                "nodeCacheCapable", "managedResources", "ignorable"};
+
+void expect_only(const YAML::Node& map, const Fields& allowed, const std::string& where) {
+  ASSERT_TRUE(map.IsMap()) << where << " is not a map";
+  for (const auto& entry : map) {
+    EXPECT_TRUE(allowed.count(entry.first.as<std::string>()) > 0)
+        << where << ": unknown field '" << entry.first.as<std::string>() << "'";
+  }
+}
+
+struct Manifests {
+  std::vector<std::pair<std::string, YAML::Node>> documents;  // file, document
+  std::vector<YAML::Node> of(const std::string& kind) const {
+    std::vector<YAML::Node> found;
+    for (const auto& [file, document] : documents) {
+      if (document["kind"].as<std::string>() == kind) found.push_back(document);
+    }
+    return found;
+  }
+  bool has(const std::string& kind, const std::string& name) const {
+    for (const YAML::Node& document : of(kind)) {
+      if (document["metadata"]["name"].as<std::string>() == name) return true;
+    }
+    return false;
+  }
+};
+
+Manifests read_manifests() {
+  Manifests manifests;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(TESSERA_SOURCE_DIR) + "/deploy")) {
+    if (entry.path().extension() != ".yaml") continue;
+    for (const YAML::Node& document : YAML::LoadAllFromFile(entry.path().string())) {
+      if (!document.IsNull()) manifests.documents.emplace_back(entry.path().filename(), document);
+    }
+  }
+  return manifests;
+}
+
+// Checks a pod template's spec: known fields, volumes and the service account it names exist.
+void check_pod_spec(const YAML::Node& spec, const Manifests& manifests, const std::string& where) {
+  expect_only(spec, kPodSpecFields, where);
+  std::set<std::string> volumes;
+  for (const YAML::Node& volume : spec["volumes"]) {
+    volumes.insert(volume["name"].as<std::string>());
+    if (volume["configMap"]) {
+      EXPECT_TRUE(manifests.has("ConfigMap", volume["configMap"]["name"].as<std::string>()))
+          << where << ": volume " << volume["name"] << " names a ConfigMap not in deploy/";
+    }
+  }
+  if (spec["serviceAccountName"]) {
+    EXPECT_TRUE(manifests.has("ServiceAccount", spec["serviceAccountName"].as<std::string>()))
+        << where;
+  }
+  ASSERT_TRUE(spec["containers"].IsSequence()) << where;
+  for (const YAML::Node& container : spec["containers"]) {
+    const std::string at = where + " container " + container["name"].as<std::string>("?");
+    expect_only(container, kContainerFields, at);
+    EXPECT_FALSE(container["image"].as<std::string>("").empty()) << at;
+    for (const YAML::Node& mount : container["volumeMounts"]) {
+      EXPECT_TRUE(volumes.count(mount["name"].as<std::string>()) > 0)
+          << at << " mounts a volume the pod lacks: " << mount["name"];
+    }
+    for (const YAML::Node& port : container["ports"]) {
+      const int number = port["containerPort"].as<int>();
+      EXPECT_TRUE(number > 0 && number < 65536) << at;
+    }
+  }
+}
+
+TEST(Manifests, EveryDocumentInDeployIsAKnownKindWithItsFieldsAndItsReferencesResolve) {
+  const Manifests manifests = read_manifests();
+  ASSERT_GE(manifests.documents.size(), 10u);
+  for (const auto& [file, document] : manifests.documents) {
+    const std::string kind = document["kind"].as<std::string>("");
+    const auto known = kinds().find(kind);
+    ASSERT_NE(known, kinds().end()) << file << ": kind '" << kind << "'";
+    const std::string where = file + " " + kind;
+    EXPECT_EQ(document["apiVersion"].as<std::string>(""), known->second.first) << where;
+    Fields fields = known->second.second;
+    fields.insert({"apiVersion", "kind", "metadata"});
+    expect_only(document, fields, where);
+    if (kind != "KubeSchedulerConfiguration") {
+      EXPECT_FALSE(document["metadata"]["name"].as<std::string>("").empty()) << where;
+    }
+    if (kind == "Deployment" || kind == "DaemonSet") {
+      const YAML::Node spec = document["spec"];
+      for (const auto& label : spec["selector"]["matchLabels"]) {
+        EXPECT_EQ(
+            spec["template"]["metadata"]["labels"][label.first.as<std::string>()].as<std::string>(
+                ""),
+            label.second.as<std::string>())
+            << where << ": the selector does not select its own pods";
+      }
+      check_pod_spec(spec["template"]["spec"], manifests, where);
+    }
+    if (kind == "Pod") check_pod_spec(document["spec"], manifests, where);
+    if (kind.ends_with("Binding")) {
+      for (const YAML::Node& subject : document["subjects"]) {
+        EXPECT_TRUE(manifests.has("ServiceAccount", subject["name"].as<std::string>())) << where;
+      }
+      const std::string role = document["roleRef"]["name"].as<std::string>();
+      EXPECT_TRUE(role.starts_with("system:") || role.starts_with("extension-apiserver") ||
+                  manifests.has("ClusterRole", role))
+          << where << ": role " << role;
+    }
+  }
+}
+
+// The value of `--flag=value` in a command, or "".
+std::string flag(const YAML::Node& command, const std::string& name) {
+  for (const YAML::Node& part : command) {
+    const std::string text = part.as<std::string>();
+    if (text.starts_with(name + "=")) return text.substr(name.size() + 1);
+  }
+  return "";
+}
+
+TEST(Manifests, TheSchedulerDeploymentRunsKubeSchedulerBesideTheExtenderAndTheyAgree) {
+  const Manifests manifests = read_manifests();
+  const std::string config_text =
+      read_text_file(std::string(TESSERA_SOURCE_DIR) + "/deploy/scheduler-config.yaml");
+  YAML::Node deployment, config_map;
+  for (const YAML::Node& document : manifests.of("Deployment")) {
+    if (document["metadata"]["name"].as<std::string>() == "tessera-scheduler")
+      deployment = document;
+  }
+  for (const YAML::Node& document : manifests.of("ConfigMap")) {
+    if (document["metadata"]["name"].as<std::string>() == "tessera-scheduler-config") {
+      config_map = document;
+    }
+  }
+  ASSERT_TRUE(deployment && config_map);
+  EXPECT_EQ(config_map["data"]["scheduler-config.yaml"].as<std::string>(), config_text)
+      << "deploy/scheduler-config.yaml and the ConfigMap's copy differ";
+  EXPECT_GE(deployment["spec"]["replicas"].as<int>(), 2);
+
+  YAML::Node scheduler, extender;
+  for (const YAML::Node& container : deployment["spec"]["template"]["spec"]["containers"]) {
+    if (container["image"].as<std::string>().starts_with("registry.k8s.io/kube-scheduler:")) {
+      scheduler = container;
+    }
+    if (container["command"][0].as<std::string>("") == "tessera") extender = container;
+  }
+  ASSERT_TRUE(scheduler) << "no upstream kube-scheduler container";
+  ASSERT_TRUE(extender) << "no tessera container";
+  const YAML::Node config = YAML::Load(config_text);
+  EXPECT_EQ(flag(scheduler["command"], "--config"), "/etc/tessera/scheduler-config.yaml");
+
+  // kube-scheduler reaches its extender where the extender listens, as it serves.
+  ASSERT_EQ(config["extenders"].size(), 1u);
+  const YAML::Node consulted = config["extenders"][0];
+  expect_only(consulted, kExtenderFields, "scheduler-config.yaml extender");
+  const std::string url = consulted["urlPrefix"].as<std::string>();
+  const std::string listen = flag(extender["command"], "--listen");
+  ASSERT_FALSE(listen.empty());
+  EXPECT_TRUE(url.ends_with(":" + listen.substr(listen.rfind(':') + 1))) << url << " / " << listen;
+  const bool https = consulted["enableHTTPS"].as<bool>(false);
+  EXPECT_EQ(url.starts_with("https://"), https) << url;
+  EXPECT_EQ(!flag(extender["command"], "--tls-cert-file").empty(), https);
+  EXPECT_EQ(consulted["filterVerb"].as<std::string>(), "filter");
+  EXPECT_EQ(consulted["bindVerb"].as<std::string>(), "bind");
+
+  // The extender binds only while its kube-scheduler leads: it follows that Lease.
+  EXPECT_TRUE(config["leaderElection"]["leaderElect"].as<bool>(false));
+  bool follows = false;
+  for (const YAML::Node& part : extender["command"])
+    follows |= part.as<std::string>() == "--lease-follow";
+  EXPECT_TRUE(follows);
+  EXPECT_EQ(flag(extender["command"], "--lease-name"),
+            config["leaderElection"]["resourceName"].as<std::string>());
+  // Pods name the profile's scheduler.
+  const std::string name = config["profiles"][0]["schedulerName"].as<std::string>();
+  for (const YAML::Node& pod : manifests.of("Pod")) {
+    EXPECT_EQ(pod["spec"]["schedulerName"].as<std::string>(""), name);
+  }
 }
 
 }  // namespace
