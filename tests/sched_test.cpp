@@ -251,5 +251,49 @@ TEST(Experiment, FgdMatchesThePaperAndTesserasPolicyBeatsIt) {
   EXPECT_GT(packed[1], fgd[1]);     // measured: +0.06
 }
 
+TEST(Experiment, TheOfflinePackerFillsGpusWithSizesThatAddUpWhereArrivalOrderCannot) {
+  ScratchDirectory scratch;
+  // One node of 4 GPUs; pods of 600 and 400 milli, arriving to 200 % of the GPUs.
+  const auto nodes = read_nodes(
+      write(scratch, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\na,64000,262144,4,T4\n"));
+  const auto pods = read_pods(write(scratch, "pods.csv",
+                                    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
+                                    "p0,1000,1024,1,600,\np1,1000,1024,1,400,\n"));
+  for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+    const RunResult packer = run_reference(nodes, pods, Reference::offline_packer, seed, 2.0);
+    const RunResult bound = run_reference(nodes, pods, Reference::bound, seed, 2.0);
+    EXPECT_EQ(packer.name, "offline-packer");
+    EXPECT_DOUBLE_EQ(packer.allocated_at(2.0), 1.0) << "seed " << seed;
+    EXPECT_DOUBLE_EQ(bound.allocated_at(2.0), 1.0);
+  }
+  // CPU bounds what any schedule allocates: 4 GPUs of pods asking 40 cores each, on 64.
+  const auto hungry = read_pods(write(scratch, "hungry.csv",
+                                      "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
+                                      "p0,40000,1024,1,1000,\n"));
+  EXPECT_DOUBLE_EQ(run_reference(nodes, hungry, Reference::bound, 1, 1.3).allocated_at(1.3),
+                   64.0 / 40 / 4);
+  EXPECT_DOUBLE_EQ(
+      run_reference(nodes, hungry, Reference::offline_packer, 1, 1.3).allocated_at(1.3), 0.25);
+}
+
+TEST(Experiment, NoPolicyNorTheOfflinePackerAllocatesMoreThanTheBound) {
+  const std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/openb/";
+  const auto nodes = read_nodes(data + "openb_node_list_gpu_node.csv");
+  for (const char* trace : {"openb_pod_list_default.csv", "openb_pod_list_multigpu30.csv"}) {
+    const auto pods = read_pods(data + trace);
+    for (const double load : {1.0, 1.3}) {
+      const double bound = run_reference(nodes, pods, Reference::bound, 42, 1.3).allocated_at(load);
+      const double packer =
+          run_reference(nodes, pods, Reference::offline_packer, 42, 1.3).allocated_at(load);
+      EXPECT_LE(packer, bound + 1e-12) << trace << " at " << load;
+      EXPECT_GT(packer, 0.9) << trace << " at " << load;
+      for (const Policy policy : {Policy::fgd, Policy::fgd_packed, Policy::best_fit}) {
+        EXPECT_LE(run_inflation(nodes, pods, policy, 42, 1.3).allocated_at(load), bound + 1e-12)
+            << policy_name(policy) << " on " << trace << " at " << load;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessera::sched

@@ -59,6 +59,7 @@ struct SimOptions {
   bool replay = false;  // the trace's own creation and deletion times instead of sampling
   std::string workload = "trace-then-sample";  // or "sample"
   std::string output;                          // directory for curve.csv and allocation.svg
+  bool references = true;  // the offline packer and the bound beside the policies
 };
 int sim_command(const SimOptions& options);
 

@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
                       "trace-then-sample (the paper's: the whole trace shuffled, then sampled "
                       "pods) or sample (only sampled pods)");
   sim_app->add_option("--output", sim.output, "Directory for curve.csv and allocation.svg");
+  sim_app->add_flag("!--no-references", sim.references,
+                    "Leave out the offline packer and the bound shown beside the policies");
 
   SchedulerOptions scheduler;
   CLI::App* scheduler_app = app.add_subcommand("scheduler", "Serve the kube-scheduler extender");

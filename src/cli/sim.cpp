@@ -84,6 +84,13 @@ int sim_command(const SimOptions& options) {
   for (sched::Policy policy : parse_policies(options.policies)) {
     for (std::uint64_t seed : seeds) jobs.push_back({policy, seed});
   }
+  // Beside the policies, how far they are from what is possible on the same pods.
+  if (!options.replay && options.references) {
+    for (const sched::Reference reference :
+         {sched::Reference::offline_packer, sched::Reference::bound}) {
+      for (std::uint64_t seed : seeds) jobs.push_back({sched::Policy::fgd, seed, reference});
+    }
+  }
   if (options.workload != "trace-then-sample" && options.workload != "sample") {
     throw UsageError(
         fmt::format("--workload '{}' must be trace-then-sample or sample", options.workload));
@@ -98,14 +105,18 @@ int sim_command(const SimOptions& options) {
   const auto results = sched::run_all(
       jobs, options.threads,
       [&](const sched::Job& job) {
+        if (job.reference) {
+          return sched::run_reference(nodes, pods, *job.reference, job.seed, options.load,
+                                      workload);
+        }
         return options.replay ? sched::run_replay(nodes, pods, job.policy, job.seed)
                               : sched::run_inflation(nodes, pods, job.policy, job.seed,
                                                      options.load, workload);
       },
       [&](const sched::RunResult& result, int done) {
         fmt::print(stderr, "[{}/{}] {} seed {}: {} placed, {} pending, {:.1f} s\n", done,
-                   jobs.size(), sched::policy_name(result.policy), result.seed, result.placed,
-                   result.pending, result.seconds);
+                   jobs.size(), result.name, result.seed, result.placed, result.pending,
+                   result.seconds);
       });
 
   if (!options.output.empty()) {
@@ -115,8 +126,8 @@ int sim_command(const SimOptions& options) {
     for (const auto& result : results) {
       for (const auto& point : result.curve) {
         curve << fmt::format(
-            "{},{},{:.2f},{:.3f},{}\n", sched::policy_name(result.policy), result.seed,
-            100 * point.arrived, 100 * point.allocated,
+            "{},{},{:.2f},{:.3f},{}\n", result.name, result.seed, 100 * point.arrived,
+            100 * point.allocated,
             point.fragmented < 0 ? std::string() : fmt::format("{:.3f}", 100 * point.fragmented));
       }
     }
@@ -125,8 +136,7 @@ int sim_command(const SimOptions& options) {
   if (options.replay) {
     fmt::print("{:<16}{:>12}{:>12}\n", "POLICY", "PLACED", "PENDING");
     for (const auto& result : results) {
-      fmt::print("{:<16}{:>12}{:>12}\n", sched::policy_name(result.policy), result.placed,
-                 result.pending);
+      fmt::print("{:<16}{:>12}{:>12}\n", result.name, result.placed, result.pending);
     }
     return 0;
   }
@@ -137,7 +147,7 @@ int sim_command(const SimOptions& options) {
   std::map<std::string, Summary> summary;
   std::vector<std::string> order;
   for (const auto& result : results) {
-    const std::string name = sched::policy_name(result.policy);
+    const std::string name = result.name;
     if (!summary.count(name)) order.push_back(name);
     summary[name].at100.push_back(100 * result.allocated_at(1.0));
     summary[name].at_max.push_back(100 * result.allocated_at(options.load));

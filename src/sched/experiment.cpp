@@ -37,6 +37,27 @@ std::int64_t gpu_capacity_milli(const std::vector<NodeSpec>& nodes) {
   return capacity;
 }
 
+// The pods that arrive in a run, one at a time: the whole trace in a seeded random order and
+// then pods sampled from it (Workload::trace_then_sample), or only sampled pods.
+class Arrivals {
+ public:
+  Arrivals(const std::vector<PodSpec>& trace, Workload workload, std::mt19937_64& random)
+      : trace_(trace), random_(random), pick_(0, trace.size() - 1) {
+    if (workload == Workload::trace_then_sample) {
+      for (std::size_t i = 0; i < trace.size(); ++i) order_.push_back(i);
+      std::shuffle(order_.begin(), order_.end(), random);
+    }
+  }
+  std::size_t next() { return next_ < order_.size() ? order_[next_++] : pick_(random_); }
+
+ private:
+  const std::vector<PodSpec>& trace_;
+  std::mt19937_64& random_;
+  std::uniform_int_distribution<std::size_t> pick_;
+  std::vector<std::size_t> order_;
+  std::size_t next_ = 0;
+};
+
 void require(const std::string& why) {
   if (!why.empty()) throw std::invalid_argument(why);
 }
@@ -99,20 +120,13 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
   std::mt19937_64 random(seed);
   Cluster cluster(in_run_order(nodes, random));
   cluster.set_target_workload(trace);
-  std::uniform_int_distribution<std::size_t> pick(0, trace.size() - 1);
-  RunResult result{policy, seed, {}, 0, 0, 0};
+  RunResult result{policy, policy_name(policy), seed, {}, 0, 0, 0};
   const double capacity = static_cast<double>(cluster.gpu_milli_total());
   double arrived = 0;
   int next_percent = 1;
-  std::vector<std::size_t> shuffled;
-  if (workload == Workload::trace_then_sample) {
-    for (std::size_t i = 0; i < trace.size(); ++i) shuffled.push_back(i);
-    std::shuffle(shuffled.begin(), shuffled.end(), random);
-  }
-  std::size_t next_in_trace = 0;
+  Arrivals arrivals(trace, workload, random);
   while (arrived < max_load * capacity) {
-    const PodSpec& pod =
-        next_in_trace < shuffled.size() ? trace[shuffled[next_in_trace++]] : trace[pick(random)];
+    const PodSpec& pod = trace[arrivals.next()];
     const Request request = cluster.request_for(pod);
     arrived += static_cast<double>(pod.gpu_milli_total());
     const Placement placement = cluster.place(request, policy, random);
@@ -155,7 +169,7 @@ RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSp
     return a.time < b.time || (a.time == b.time && !a.arrival && b.arrival);  // leave first
   });
   std::vector<Placement> placements(trace.size());
-  RunResult result{policy, seed, {}, 0, 0, 0};
+  RunResult result{policy, policy_name(policy), seed, {}, 0, 0, 0};
   const double capacity = static_cast<double>(cluster.gpu_milli_total());
   double alive = 0;
   for (std::size_t k = 0; k < events.size(); ++k) {
@@ -179,6 +193,256 @@ RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSp
       result.curve.push_back(
           {alive / capacity, static_cast<double>(cluster.gpu_milli_allocated()) / capacity, -1});
     }
+  }
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+std::string reference_name(Reference reference) {
+  return reference == Reference::bound ? "bound" : "offline-packer";
+}
+
+namespace {
+
+// Places `request` where it fits tightest: least GPU left on the GPU(s) it takes, then least
+// CPU left on the node. False if it fits nowhere.
+bool place_tightest(Cluster& cluster, const Request& request) {
+  const std::vector<Node>& nodes = cluster.nodes();
+  Placement best;
+  std::int64_t best_gpu_left = 0, best_cpu_left = 0;
+  for (int index = 0; index < static_cast<int>(nodes.size()); ++index) {
+    const Node& node = nodes[index];
+    if (!cluster.fits(node, request)) continue;
+    Placement candidate;
+    candidate.node = index;
+    std::int64_t gpu_left = 0;
+    if (request.shares_gpu()) {
+      int tightest = -1;
+      for (int i = 0; i < node.gpus; ++i) {
+        if (node.takes(i, request.gpu_milli) &&
+            (tightest < 0 || node.gpu_left[i] < node.gpu_left[tightest])) {
+          tightest = i;
+        }
+      }
+      candidate.gpu_index[candidate.gpu_count++] = tightest;
+      gpu_left = node.gpu_left[tightest] - request.gpu_milli;
+    } else {
+      for (int i = 0; i < node.gpus && candidate.gpu_count < request.gpus; ++i) {
+        if (node.gpu_left[i] == kMilli) candidate.gpu_index[candidate.gpu_count++] = i;
+      }
+      gpu_left = node.fully_free_gpus() - request.gpus;
+    }
+    const std::int64_t cpu_left = node.cpu_left - request.cpu_milli;
+    if (best.node < 0 || gpu_left < best_gpu_left ||
+        (gpu_left == best_gpu_left && cpu_left < best_cpu_left)) {
+      best = candidate;
+      best_gpu_left = gpu_left;
+      best_cpu_left = cpu_left;
+    }
+  }
+  if (best.node < 0) return false;
+  cluster.allocate(request, best);
+  return true;
+}
+
+// Fills each GPU with room left by the sharing pods whose sizes add up closest to that room
+// (a subset sum over the sizes still unplaced, in 10-milli steps), each size's pod the one
+// asking least CPU that the node can still take. Placed pods are taken out of `sharing`.
+void fill_gpus(Cluster& cluster, std::vector<Request>& sharing, long& placed) {
+  constexpr int kStep = 10, kUnits = kMilli / kStep;
+  // Unplaced pods by size in steps, least CPU first.
+  std::vector<std::vector<Request>> by_size(kUnits + 1);
+  std::vector<Request> odd;  // sizes off the 10-milli grid: placed afterwards
+  for (const Request& request : sharing) {
+    if (request.gpu_milli % kStep != 0 || request.gpu_milli <= 0) {
+      odd.push_back(request);
+    } else {
+      by_size[request.gpu_milli / kStep].push_back(request);
+    }
+  }
+  for (auto& pods : by_size) {
+    std::sort(pods.begin(), pods.end(),
+              [](const Request& a, const Request& b) { return a.cpu_milli > b.cpu_milli; });
+  }  // taken from the back: least CPU first
+  const int node_count = static_cast<int>(cluster.nodes().size());
+  for (int index = 0; index < node_count; ++index) {
+    for (int gpu = 0; gpu < cluster.nodes()[index].gpus; ++gpu) {
+      const Node& node = cluster.nodes()[index];
+      if (!node.takes(gpu, 1)) continue;  // whole-only GPUs take no sharing pod
+      const int room = node.gpu_left[gpu] / kStep;
+      if (room <= 0) continue;
+      // reach[s]: the size last added to reach s units (0: unreachable; s = 0 is reached).
+      std::vector<int> reach(room + 1, 0), used(kUnits + 1, 0);
+      reach[0] = -1;
+      for (int size = 1; size <= std::min(room, kUnits); ++size) {
+        const int available = std::min<int>(static_cast<int>(by_size[size].size()), room / size);
+        for (int copy = 0; copy < available; ++copy) {
+          bool grew = false;
+          for (int s = room; s >= size; --s) {
+            if (reach[s] == 0 && reach[s - size] != 0) {
+              reach[s] = size;
+              grew = true;
+            }
+          }
+          if (!grew) break;
+        }
+      }
+      int best = room;
+      while (best > 0 && reach[best] == 0) --best;
+      // Takes the sizes that reach `best`, then places one pod of each.
+      for (int s = best; s > 0; s -= reach[s]) ++used[reach[s]];
+      for (int size = 1; size <= kUnits; ++size) {
+        for (int n = 0; n < used[size] && !by_size[size].empty(); ++n) {
+          const Request request = by_size[size].back();
+          const Node& now = cluster.nodes()[index];
+          if (!cluster.fits(now, request) || !now.takes(gpu, request.gpu_milli)) break;
+          Placement placement;
+          placement.node = index;
+          placement.gpu_index[placement.gpu_count++] = gpu;
+          cluster.allocate(request, placement);
+          by_size[size].pop_back();
+          ++placed;
+        }
+      }
+    }
+  }
+  sharing = std::move(odd);
+  for (auto& pods : by_size) sharing.insert(sharing.end(), pods.begin(), pods.end());
+}
+
+// One-GPU pods, node by node, the nodes with least CPU per GPU first: each free GPU gets the
+// pod asking the most CPU within the node's CPU left per free GPU (the node's fair share),
+// so CPU-hungry pods go where CPU is plentiful. Placed pods are taken out of `whole`.
+void fill_whole_gpus(Cluster& cluster, std::vector<Request>& whole, long& placed) {
+  std::multimap<std::int64_t, Request> by_cpu;
+  std::vector<Request> later;
+  for (const Request& request : whole) {
+    if (request.gpus == 1 && request.models == 0) {
+      by_cpu.emplace(request.cpu_milli, request);
+    } else {
+      later.push_back(request);
+    }
+  }
+  const std::vector<Node>& nodes = cluster.nodes();
+  std::vector<int> order(nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) order[i] = static_cast<int>(i);
+  auto cpu_per_gpu = [&](int index) {
+    const Node& node = nodes[index];
+    return node.gpus == 0 ? 1e300 : static_cast<double>(node.cpu_left) / node.gpus;
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return cpu_per_gpu(a) < cpu_per_gpu(b); });
+  for (const int index : order) {
+    for (int gpu = 0; gpu < nodes[index].gpus && !by_cpu.empty(); ++gpu) {
+      const Node& node = nodes[index];
+      const int free_gpus = node.fully_free_gpus();
+      if (node.gpu_left[gpu] != kMilli || free_gpus == 0) continue;
+      // The most CPU within the fair share; else the least CPU of all, if it fits at all.
+      auto pick = by_cpu.upper_bound(node.cpu_left / free_gpus);
+      if (pick == by_cpu.begin()) continue;
+      --pick;
+      if (!cluster.fits(node, pick->second)) continue;
+      Placement placement;
+      placement.node = index;
+      placement.gpu_index[placement.gpu_count++] = gpu;
+      cluster.allocate(pick->second, placement);
+      by_cpu.erase(pick);
+      ++placed;
+    }
+  }
+  for (const auto& [cpu, request] : by_cpu) later.push_back(request);
+  whole = std::move(later);
+}
+
+// The offline packer: pods of several GPUs by best-fit decreasing, one-GPU pods by the
+// nodes' fair share of CPU, the GPUs' room filled by subset sums of the sharing pods, then
+// what is left by best-fit decreasing. Returns the milli-GPU allocated.
+std::int64_t pack_offline(Cluster& cluster, std::vector<Request> requests, long& placed) {
+  std::erase_if(requests, [](const Request& request) { return request.gpus == 0; });
+  std::stable_sort(requests.begin(), requests.end(), [](const Request& a, const Request& b) {
+    const std::int64_t gpu_a = std::int64_t{a.gpus} * a.gpu_milli;
+    const std::int64_t gpu_b = std::int64_t{b.gpus} * b.gpu_milli;
+    return gpu_a != gpu_b ? gpu_a > gpu_b : a.cpu_milli > b.cpu_milli;
+  });
+  std::vector<Request> sharing, whole;
+  for (const Request& request : requests) {
+    if (request.shares_gpu()) {
+      sharing.push_back(request);
+    } else if (request.gpus > 1) {
+      placed += place_tightest(cluster, request) ? 1 : 0;
+    } else {
+      whole.push_back(request);
+    }
+  }
+  fill_whole_gpus(cluster, whole, placed);
+  fill_gpus(cluster, sharing, placed);
+  for (const auto* rest : {&whole, &sharing}) {
+    for (const Request& request : *rest) placed += place_tightest(cluster, request) ? 1 : 0;
+  }
+  return cluster.gpu_milli_allocated();
+}
+
+// The most GPU that any schedule of `requests` could allocate (see Reference::bound).
+double allocation_bound(const Cluster& cluster, std::vector<Request> requests) {
+  std::int64_t cpu = 0;
+  for (const Node& node : cluster.nodes()) {
+    if (node.gpus > 0) cpu += node.cpu_total;
+  }
+  std::erase_if(requests, [](const Request& request) { return request.gpus == 0; });
+  std::sort(requests.begin(), requests.end(), [](const Request& a, const Request& b) {
+    // GPU per CPU, highest first; a pod asking no CPU comes first.
+    return static_cast<double>(a.gpus) * a.gpu_milli * static_cast<double>(b.cpu_milli) >
+           static_cast<double>(b.gpus) * b.gpu_milli * static_cast<double>(a.cpu_milli);
+  });
+  double gpu = 0, cpu_left = static_cast<double>(cpu), asked = 0;
+  for (const Request& request : requests) {
+    const double milli = static_cast<double>(request.gpus) * request.gpu_milli;
+    asked += milli;
+    if (cpu_left <= 0) continue;
+    const double share = request.cpu_milli == 0
+                             ? 1.0
+                             : std::min(1.0, cpu_left / static_cast<double>(request.cpu_milli));
+    gpu += share * milli;
+    cpu_left -= share * static_cast<double>(request.cpu_milli);
+  }
+  return std::min({static_cast<double>(cluster.gpu_milli_total()), asked, gpu});
+}
+
+}  // namespace
+
+RunResult run_reference(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
+                        Reference reference, std::uint64_t seed, double max_load,
+                        Workload workload) {
+  require(why_not_a_cluster(nodes));
+  require(why_not_inflatable(nodes, trace, max_load));
+  const auto start = std::chrono::steady_clock::now();
+  std::mt19937_64 random(seed);
+  // The same draws as run_inflation: the node order first, then the arrivals.
+  const std::vector<NodeSpec> ordered = in_run_order(nodes, random);
+  const Cluster empty(ordered);
+  RunResult result{Policy::fgd, reference_name(reference), seed, {}, 0, 0, 0};
+  const double capacity = static_cast<double>(empty.gpu_milli_total());
+  Arrivals arrivals(trace, workload, random);
+  std::vector<Request> requests;
+  double arrived = 0;
+  // At 100 % arrived (if the run goes that far) and at max_load.
+  for (const double load : {1.0, max_load}) {
+    if (load > max_load || (!result.curve.empty() && load <= result.curve.back().arrived)) {
+      continue;
+    }
+    while (arrived < load * capacity) {
+      const PodSpec& pod = trace[arrivals.next()];
+      arrived += static_cast<double>(pod.gpu_milli_total());
+      requests.push_back(empty.request_for(pod));
+    }
+    Cluster cluster = empty;
+    long placed = 0;
+    const double allocated = reference == Reference::bound
+                                 ? allocation_bound(cluster, requests)
+                                 : static_cast<double>(pack_offline(cluster, requests, placed));
+    result.curve.push_back({load, allocated / capacity, -1});
+    result.placed = placed;
+    result.pending = static_cast<long>(requests.size()) - placed;
   }
   result.seconds = seconds_since(start);
   return result;
@@ -221,13 +485,13 @@ std::string plot_svg(const std::vector<RunResult>& results) {
   std::map<std::string, std::vector<std::pair<double, double>>> sums;
   std::map<std::string, int> runs;
   for (const RunResult& result : results) {
-    auto& sum = sums[policy_name(result.policy)];
+    auto& sum = sums[result.name];
     if (sum.size() < result.curve.size()) sum.resize(result.curve.size());
     for (std::size_t i = 0; i < result.curve.size(); ++i) {
       sum[i].first = result.curve[i].arrived;
       sum[i].second += result.curve[i].allocated;
     }
-    ++runs[policy_name(result.policy)];
+    ++runs[result.name];
   }
   const double x_max = 1.3, y_min = 0.5, y_max = 1.0;
   auto x = [&](double v) { return kLeft + (kWidth - kLeft - kRight) * std::min(v, x_max) / x_max; };

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct CurvePoint {
 
 struct RunResult {
   Policy policy = Policy::fgd;
+  std::string name;  // the policy's, or the reference's
   std::uint64_t seed = 0;
   std::vector<CurvePoint> curve;  // at every 1 % of arrived load
   long placed = 0, pending = 0;
@@ -54,6 +56,22 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
                         Policy policy, std::uint64_t seed, double max_load,
                         Workload workload = Workload::trace_then_sample);
 
+// Offline references on the pods a run of `seed` meets (the same pods, in the same order, that
+// every policy but `random` meets): not policies a scheduler could run, since they see every
+// pod at once, but how far the online ones are from what is possible. The result holds the
+// allocation at 100 % and at `max_load` arrived.
+// - offline-packer: every arrived pod known in advance, largest GPU request first, each on
+//   the tightest GPU and node it fits (best-fit decreasing); a pod that fits nowhere is left
+//   out, as an offline packer may.
+// - bound: no schedule of these pods on these nodes allocates more. The GPUs' capacity, the
+//   GPU the pods ask for, and the GPU that the nodes' CPU can carry at all: pods taken in
+//   order of GPU per CPU, the last one in part, until the CPU of the GPU nodes is spent.
+enum class Reference { offline_packer, bound };
+std::string reference_name(Reference reference);
+RunResult run_reference(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
+                        Reference reference, std::uint64_t seed, double max_load,
+                        Workload workload = Workload::trace_then_sample);
+
 // Replays the trace in creation order with its deletions; the curve is sampled against the
 // GPU requests of the pods alive at each point.
 RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
@@ -62,6 +80,7 @@ RunResult run_replay(const std::vector<NodeSpec>& nodes, const std::vector<PodSp
 struct Job {
   Policy policy;
   std::uint64_t seed;
+  std::optional<Reference> reference{};  // set: this reference instead of the policy
 };
 // Runs jobs on `threads` threads; `progress` is called (serialised) as each finishes. If a
 // job throws, the rest are not started and the first exception is rethrown here.
