@@ -470,7 +470,7 @@ TEST_F(Extender, MetricsCountEachVerbTimeItAndShowBindFailuresAndTheStateSize) {
 }
 
 // A node whose GPU 0 is cut into MIG devices (the node agent's mixed strategy) and GPU 1 whole.
-nlohmann::json mig_node(const std::string& name) {
+nlohmann::json mig_node(const std::string& name, const std::string& cpu = "64") {
   const nlohmann::json gpus = {
       {"version", 2},
       {"gpus",
@@ -493,7 +493,7 @@ nlohmann::json mig_node(const std::string& name) {
          {"slices", 1},
          {"healthy", true}}}}};
   return {{"metadata", {{"name", name}, {"annotations", {{"tessera.io/gpus", gpus.dump()}}}}},
-          {"status", {{"allocatable", {{"cpu", "64"}, {"memory", "512Gi"}}}}}};
+          {"status", {{"allocatable", {{"cpu", cpu}, {"memory", "512Gi"}}}}}};
 }
 
 TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
@@ -536,6 +536,36 @@ TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
       "filter",
       {{"Pod", pod("m5", {{"nvidia.com/mig-1g.10gb", "lots"}})}, {"NodeNames", {"mig-a"}}}, 400);
   EXPECT_NE(bad.dump().find("is not a count of MIG devices"), std::string::npos) << bad.dump();
+}
+
+TEST_F(Extender, MigPodsArePackedWhereTheirProfileIsInUseAlready) {
+  // mig-a has less CPU: by CPU and memory alone (best-fit) it would be the tighter node.
+  api_.push("nodes", {{"type", "ADDED"}, {"object", mig_node("mig-a", "16")}});
+  api_.push("nodes", {{"type", "ADDED"}, {"object", mig_node("mig-b")}});
+  const nlohmann::json one_g = {{"nvidia.com/mig-1g.10gb", "1"}};
+  const auto scores = [&](const std::string& name) {
+    std::map<std::string, int> by_node;
+    for (const auto& entry : post("prioritize", {{"Pod", pod(name, one_g)},
+                                                 {"NodeNames", {"mig-a", "mig-b", "gpu-a"}}})) {
+      by_node[entry["Host"].get<std::string>()] = entry["Score"].get<int>();
+    }
+    return by_node;
+  };
+  ASSERT_TRUE(eventually([&] {
+    return post("filter",
+                {{"Pod", pod("m0", one_g)}, {"NodeNames", {"mig-a", "mig-b"}}})["NodeNames"]
+               .size() == 2;
+  }));
+  // Their devices alike and free: equal scores; a node without the profile gets none.
+  std::map<std::string, int> before = scores("m0");
+  EXPECT_EQ(before["mig-a"], before["mig-b"]);
+  EXPECT_EQ(before["gpu-a"], 0);
+  // One of mig-b's two 1g devices in use: the next 1g pod is packed beside it.
+  post("filter", {{"Pod", pod("m1", one_g)}, {"NodeNames", {"mig-b"}}});
+  ASSERT_EQ(bind("m1", "mig-b")["Error"], "");
+  std::map<std::string, int> after = scores("m2");
+  EXPECT_EQ(after["mig-b"], 10);
+  EXPECT_LT(after["mig-a"], after["mig-b"]);
 }
 
 TEST_F(Extender, ConcurrentBindsNeverOverbookANode) {

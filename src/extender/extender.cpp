@@ -314,6 +314,34 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
   return true;
 }
 
+int Extender::mig_devices_locked(const std::string& node, const std::string& profile) const {
+  const auto found = nodes_.find(node);
+  if (found == nodes_.end()) return 0;
+  const auto have = found->second.mig_devices.find(profile);
+  return have == found->second.mig_devices.end() ? 0 : have->second;
+}
+
+int Extender::mig_free_locked(const std::string& node, const std::string& profile) const {
+  int free = mig_devices_locked(node, profile);
+  if (const auto used = mig_used_.find(node); used != mig_used_.end()) {
+    if (const auto taken = used->second.find(profile); taken != used->second.end()) {
+      free -= taken->second;
+    }
+  }
+  return free;
+}
+
+double Extender::mig_packing_locked(const PodRequest& pod, const std::string& node) const {
+  double packed = 0;
+  for (const auto& [profile, count] : pod.mig) {
+    const int devices = mig_devices_locked(node, profile);
+    if (devices > 0) {
+      packed += static_cast<double>(devices - mig_free_locked(node, profile) + count) / devices;
+    }
+  }
+  return pod.mig.empty() ? 0 : packed / static_cast<double>(pod.mig.size());
+}
+
 std::string Extender::refusal_locked(const PodRequest& pod, const std::string& node,
                                      Request& request, int& index) const {
   const auto found = index_.find(node);
@@ -325,15 +353,8 @@ std::string Extender::refusal_locked(const PodRequest& pod, const std::string& n
       return fmt::format("node has no GPUs Tessera knows of ({})", kGpusAnnotation);
     if (std::string why = model_refusal(pod, info.spec.model); !why.empty()) return why;
   }
-  const auto used = mig_used_.find(node);
   for (const auto& [profile, count] : pod.mig) {
-    const auto have = info.mig_devices.find(profile);
-    int free = have == info.mig_devices.end() ? 0 : have->second;
-    if (used != mig_used_.end()) {
-      if (const auto taken = used->second.find(profile); taken != used->second.end()) {
-        free -= taken->second;
-      }
-    }
+    const int free = mig_free_locked(node, profile);
     if (free < count) {
       return fmt::format("has {} nvidia.com/mig-{} free; asks {}", std::max(free, 0), profile,
                          count);
@@ -446,6 +467,11 @@ HttpReply Extender::answer_prioritize(const std::string& body) {
       double score = 0;
       if (refusal_locked(candidates.pod, name, request, index).empty() &&
           cluster_->score_on(index, request, policy, score)) {
+        // A pod of MIG devices only goes where its profile's devices are most in use already:
+        // nodes with every device free stay so for pods that ask for several.
+        if (request.gpus == 0 && !candidates.pod.mig.empty()) {
+          score = mig_packing_locked(candidates.pod, name);
+        }
         scores.emplace_back(name, score);
       } else {
         scores.emplace_back(name, -1e300);

@@ -117,6 +117,12 @@ class Extender {
   // Adds (sign 1) or takes back (-1) the MIG devices a hold's pod asks for on its node.
   void count_mig_locked(const Hold& hold, int sign);
   void set_hold_locked(const std::string& uid, std::optional<Hold> hold);
+  // The node's MIG devices of `profile`, and those of them no bound pod holds.
+  int mig_devices_locked(const std::string& node, const std::string& profile) const;
+  int mig_free_locked(const std::string& node, const std::string& profile) const;
+  // The share of the node's devices of the pod's MIG profiles in use once it is placed there
+  // (0 to 1, averaged over the profiles it asks for): higher packs tighter.
+  double mig_packing_locked(const PodRequest& pod, const std::string& node) const;
   // Why the pod cannot go to node (empty if it can); fills request for it.
   std::string refusal_locked(const PodRequest& pod, const std::string& node, Request& request,
                              int& index) const;
