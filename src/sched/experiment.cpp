@@ -271,24 +271,40 @@ void fill_gpus(Cluster& cluster, std::vector<Request>& sharing, long& placed) {
       if (!node.takes(gpu, 1)) continue;  // whole-only GPUs take no sharing pod
       const int room = node.gpu_left[gpu] / kStep;
       if (room <= 0) continue;
-      // reach[s]: the size last added to reach s units (0: unreachable; s = 0 is reached).
+      // The node's fair share of its CPU for this GPU: its CPU left over its GPUs with room.
+      int with_room = 0;
+      for (int i = 0; i < node.gpus; ++i) with_room += node.gpu_left[i] > 0 && node.takes(i, 1);
+      const std::int64_t cpu_budget = node.cpu_left / std::max(1, with_room);
+      // reach[s]: the size last added to reach s units (0: unreachable; s = 0 is reached),
+      // by the way that asks least CPU (each size at its least-CPU pod's).
       std::vector<int> reach(room + 1, 0), used(kUnits + 1, 0);
+      std::vector<std::int64_t> cpu(room + 1, 0);
       reach[0] = -1;
       for (int size = 1; size <= std::min(room, kUnits); ++size) {
         const int available = std::min<int>(static_cast<int>(by_size[size].size()), room / size);
+        if (available == 0) continue;
+        const std::int64_t cpu_each = by_size[size].back().cpu_milli;
         for (int copy = 0; copy < available; ++copy) {
           bool grew = false;
           for (int s = room; s >= size; --s) {
-            if (reach[s] == 0 && reach[s - size] != 0) {
+            if (reach[s - size] == 0) continue;
+            const std::int64_t asked = cpu[s - size] + cpu_each;
+            if (reach[s] == 0 || asked < cpu[s]) {
               reach[s] = size;
+              cpu[s] = asked;
               grew = true;
             }
           }
           if (!grew) break;
         }
       }
+      // The fullest GPU within the CPU share, else the fullest the node's CPU allows.
       int best = room;
-      while (best > 0 && reach[best] == 0) --best;
+      while (best > 0 && (reach[best] == 0 || cpu[best] > cpu_budget)) --best;
+      if (best == 0) {
+        best = room;
+        while (best > 0 && (reach[best] == 0 || cpu[best] > node.cpu_left)) --best;
+      }
       // Takes the sizes that reach `best`, then places one pod of each.
       for (int s = best; s > 0; s -= reach[s]) ++used[reach[s]];
       for (int size = 1; size <= kUnits; ++size) {
