@@ -42,7 +42,7 @@ std::int64_t gpu_capacity_milli(const std::vector<NodeSpec>& nodes) {
 class Arrivals {
  public:
   Arrivals(const std::vector<PodSpec>& trace, Workload workload, std::mt19937_64& random)
-      : trace_(trace), random_(random), pick_(0, trace.size() - 1) {
+      : random_(random), pick_(0, trace.size() - 1) {
     if (workload == Workload::trace_then_sample) {
       for (std::size_t i = 0; i < trace.size(); ++i) order_.push_back(i);
       std::shuffle(order_.begin(), order_.end(), random);
@@ -51,7 +51,6 @@ class Arrivals {
   std::size_t next() { return next_ < order_.size() ? order_[next_++] : pick_(random_); }
 
  private:
-  const std::vector<PodSpec>& trace_;
   std::mt19937_64& random_;
   std::uniform_int_distribution<std::size_t> pick_;
   std::vector<std::size_t> order_;
