@@ -47,7 +47,7 @@ std::string host_name() {
   return gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string("tessera");
 }
 
-std::chrono::milliseconds milliseconds(double seconds) {
+std::chrono::milliseconds from_seconds(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
@@ -62,8 +62,8 @@ kube::LeaseSettings lease_settings(const SchedulerOptions& options) {
   settings.identity = options.leader_identity.empty() ? environment_or("POD_NAME", host_name())
                                                       : options.leader_identity;
   settings.duration = std::chrono::seconds(options.lease_duration_s);
-  settings.renew_deadline = milliseconds(options.renew_deadline_s);
-  settings.retry_period = milliseconds(options.retry_period_s);
+  settings.renew_deadline = from_seconds(options.renew_deadline_s);
+  settings.retry_period = from_seconds(options.retry_period_s);
   settings.follow = options.lease_follow;
   if (const std::string why = kube::why_not_valid(settings); !why.empty()) {
     throw UsageError(fmt::format("leader election: {}", why));

@@ -272,7 +272,7 @@ void fill_gpus(Cluster& cluster, std::vector<Request>& sharing, long& placed) {
       if (room <= 0) continue;
       // The node's fair share of its CPU for this GPU: its CPU left over its GPUs with room.
       int with_room = 0;
-      for (int i = 0; i < node.gpus; ++i) with_room += node.gpu_left[i] > 0 && node.takes(i, 1);
+      for (int i = 0; i < node.gpus; ++i) with_room += node.takes(i, 1);
       const std::int64_t cpu_budget = node.cpu_left / std::max(1, with_room);
       // reach[s]: the size last added to reach s units (0: unreachable; s = 0 is reached),
       // by the way that asks least CPU (each size at its least-CPU pod's).
