@@ -23,6 +23,7 @@ enum class Policy {
   spread,          // the emptiest node
   fgd,             // fragmentation gradient descent (Weng et al., ATC'23), as published
   fgd_packed,      // Tessera's: FGD's score, its ties broken by packing (packing_preference)
+  fgd_balanced,    // Tessera's: fgd_packed, counting GPUs their node's CPU can no longer feed
 };
 
 // Parses "fgd", "best-fit", ...; throws std::invalid_argument naming the known ones.
@@ -94,9 +95,14 @@ class Cluster {
   // FGD's target workload: the task classes of `pods` (CPU-only ones included) covering
   // `coverage` of them by count, weighted by popularity.
   void set_target_workload(const std::vector<PodSpec>& pods, double coverage = 0.95);
+  // The same from requests in the engine's terms (the extender's: the pods it holds).
+  void set_target_workload(const std::vector<Request>& requests, double coverage = 0.95);
   // Fragmented milli-GPU of a node, or of the whole cluster, under the target workload.
   double fragmentation(const Node& node) const;
   double fragmentation() const;
+  // Free milli-GPU of a node that its CPU left cannot feed at the target workload's CPU per
+  // milli-GPU: what fgd_balanced adds to FGD's fragmentation.
+  double stranded_gpu(const Node& node) const;
 
   const std::vector<Node>& nodes() const { return nodes_; }
   std::int64_t gpu_milli_total() const { return gpu_milli_total_; }
@@ -105,11 +111,11 @@ class Cluster {
  private:
   struct Score {
     double primary = 0;    // higher is better
-    double secondary = 0;  // breaks ties in primary (fgd_packed only)
+    double secondary = 0;  // breaks ties in primary (fgd_packed and fgd_balanced only)
     int gpu = -1;          // for a sharing pod: the GPU to use
   };
   Score score(const Node& node, const Request& request, Policy policy) const;
-  Score fgd_score(const Node& node, const Request& request) const;
+  Score fgd_score(const Node& node, const Request& request, Policy policy) const;
   static double packing_preference(const Node& node, const Request& request);
   void choose_gpus(const Node& node, const Request& request, int shared_gpu,
                    Placement& placement) const;
@@ -122,12 +128,13 @@ class Cluster {
     std::uint32_t version = 0;
     Score score;
   };
-  std::vector<CachedScore>& fgd_scores_for(const Request& request);
+  std::vector<CachedScore>& fgd_scores_for(const Request& request, Policy policy);
 
   std::vector<Node> nodes_;
   std::unordered_map<std::uint64_t, std::vector<CachedScore>> score_cache_;
   std::vector<std::string> models_;
   std::vector<TaskClass> classes_;
+  double cpu_per_gpu_milli_ = 0;  // the target workload's GPU pods: CPU they ask per milli-GPU
   // Fragmentation by node state, filled by const methods, which the extender calls from
   // several threads at once. A cache: a copied or moved cluster starts with an empty one.
   struct FragmentationMemo {
