@@ -238,7 +238,8 @@ class Extender : public ::testing::Test {
   }
 
   // A pending pod, which the API server holds from now on.
-  nlohmann::json pod(const std::string& name, const nlohmann::json& limits) {
+  nlohmann::json pod(const std::string& name, const nlohmann::json& limits,
+                     const std::string& cpu = "2") {
     nlohmann::json object{
         {"metadata",
          {{"name", name}, {"namespace", "ml"}, {"uid", "uid-" + name}, {"resourceVersion", "7"}}},
@@ -246,7 +247,7 @@ class Extender : public ::testing::Test {
          {{"containers",
            {{{"name", "c"},
              {"resources",
-              {{"requests", {{"cpu", "2"}, {"memory", "8Gi"}}}, {"limits", limits}}}}}}}},
+              {{"requests", {{"cpu", cpu}, {"memory", "8Gi"}}}, {"limits", limits}}}}}}}},
         {"status", {{"phase", "Pending"}}}};
     api_.add_pod(object);
     return object;
@@ -566,6 +567,55 @@ TEST_F(Extender, MigPodsArePackedWhereTheirProfileIsInUseAlready) {
   std::map<std::string, int> after = scores("m2");
   EXPECT_EQ(after["mig-b"], 10);
   EXPECT_LT(after["mig-a"], after["mig-b"]);
+}
+
+// A node of `gpus` whole A100s and `cpu` cores.
+nlohmann::json gpu_node(const std::string& name, const std::string& cpu, int gpus) {
+  nlohmann::json list = nlohmann::json::array();
+  for (int index = 0; index < gpus; ++index) {
+    list.push_back({{"index", index},
+                    {"uuid", "GPU-" + name + "-" + std::to_string(index)},
+                    {"model", "NVIDIA-A100-SXM4-80GB"},
+                    {"memory_mib", 81920},
+                    {"sharing", "none"},
+                    {"slices", 1},
+                    {"healthy", true}});
+  }
+  const nlohmann::json gpus_annotation = {{"version", 2}, {"gpus", list}};
+  return {{"metadata",
+           {{"name", name}, {"annotations", {{"tessera.io/gpus", gpus_annotation.dump()}}}}},
+          {"status", {{"allocatable", {{"cpu", cpu}, {"memory", "512Gi"}}}}}};
+}
+
+TEST_F(Extender, FgdMeasuresAgainstThePodsItHoldsAndBalancedPlacementKeepsCpuForGpus) {
+  // lean: 2 GPUs and 16 cores; fat: 2 GPUs and 100 cores; big takes the workload's pods.
+  api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("lean", "16", 2)}});
+  api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("fat", "100", 2)}});
+  api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("big", "96", 8)}});
+  ASSERT_TRUE(eventually([&] { return whole_gpus_fit(8, "big") && whole_gpus_fit(2, "lean"); }));
+  // A CPU-light pod under fgd-balanced, by the pod's own annotation.
+  const auto scores = [&](const std::string& name) {
+    nlohmann::json light = pod(name, {{"nvidia.com/gpu", "1"}}, "4");
+    light["metadata"]["annotations"] = {{"tessera.io/policy", "fgd-balanced"}};
+    std::map<std::string, int> by_node;
+    for (const auto& entry : post("prioritize", {{"Pod", light}, {"NodeNames", {"lean", "fat"}}})) {
+      by_node[entry["Host"].get<std::string>()] = entry["Score"].get<int>();
+    }
+    return by_node;
+  };
+  // Nothing held yet: no workload to measure against, and the nodes score alike.
+  std::map<std::string, int> before = scores("light-0");
+  EXPECT_EQ(before["lean"], before["fat"]);
+  // Eight pods of 10 cores per GPU bound: lean's 16 cores cannot feed both of its GPUs at that
+  // ratio, so the CPU-light pod goes there and fat keeps its CPU for CPU-heavy pods.
+  for (int i = 0; i < 8; ++i) {
+    const std::string name = "w" + std::to_string(i);
+    post("filter", {{"Pod", pod(name, {{"nvidia.com/gpu", "1"}}, "10")}, {"NodeNames", {"big"}}});
+    ASSERT_EQ(bind(name, "big")["Error"], "") << name;
+  }
+  std::map<std::string, int> after = scores("light-1");
+  EXPECT_EQ(after["lean"], 10);
+  EXPECT_EQ(after["fat"], 0);
 }
 
 TEST_F(Extender, ConcurrentBindsNeverOverbookANode) {

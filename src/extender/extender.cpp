@@ -116,6 +116,23 @@ void Extender::rebuild_locked() {
     hold.applied = false;
     apply_locked(hold);
   }
+  measure_workload_locked();
+}
+
+void Extender::measure_workload_locked() {
+  std::vector<Request> requests;
+  requests.reserve(holds_.size());
+  for (const auto& [uid, hold] : holds_) {
+    if (hold.applied) requests.push_back(hold.request);
+  }
+  cluster_->set_target_workload(requests);
+  workload_holds_ = holds_.size();
+}
+
+void Extender::measure_workload_if_moved_locked() {
+  const std::size_t moved = holds_.size() > workload_holds_ ? holds_.size() - workload_holds_
+                                                            : workload_holds_ - holds_.size();
+  if (moved >= std::max<std::size_t>(8, workload_holds_ / 10)) measure_workload_locked();
 }
 
 void Extender::apply_locked(Hold& hold) {
@@ -183,9 +200,11 @@ void Extender::set_hold_locked(const std::string& uid, std::optional<Hold> hold)
     release_locked(existing->second);
     holds_.erase(existing);
   }
-  if (!hold) return;
-  apply_locked(*hold);
-  holds_.emplace(uid, std::move(*hold));
+  if (hold) {
+    apply_locked(*hold);
+    holds_.emplace(uid, std::move(*hold));
+  }
+  measure_workload_if_moved_locked();
 }
 
 std::optional<Extender::Hold> Extender::hold_of(const nlohmann::json& pod, const std::string& uid) {
@@ -597,6 +616,7 @@ HttpReply Extender::answer_bind(const std::string& body) {
     count_mig_locked(hold, 1);
     holds_[pod_uid] = std::move(hold);
     own_binds_[pod_uid] = Clock::now();
+    measure_workload_if_moved_locked();
   }
   auto give_back = [&] {
     std::unique_lock<std::shared_mutex> writing(mutex_);

@@ -117,6 +117,10 @@ class Extender {
   // Adds (sign 1) or takes back (-1) the MIG devices a hold's pod asks for on its node.
   void count_mig_locked(const Hold& hold, int sign);
   void set_hold_locked(const std::string& uid, std::optional<Hold> hold);
+  // FGD's target workload is the pods held now: measured after a rebuild, and again whenever
+  // the count of holds has moved by a tenth (at least 8) since it was last measured.
+  void measure_workload_locked();
+  void measure_workload_if_moved_locked();
   // The node's MIG devices of `profile`, and those of them no bound pod holds.
   int mig_devices_locked(const std::string& node, const std::string& profile) const;
   int mig_free_locked(const std::string& node, const std::string& profile) const;
@@ -148,6 +152,7 @@ class Extender {
   // MIG devices held by bound pods, by node and profile (node agent's mixed strategy).
   std::map<std::string, std::map<std::string, int>> mig_used_;
   std::mt19937_64 random_{42};
+  std::size_t workload_holds_ = 0;  // holds when the target workload was last measured
 };
 
 }  // namespace tessera::extender
