@@ -69,7 +69,7 @@ struct SchedulerOptions {
   std::string api_server;  // empty: the in-cluster service account
   std::string token_file;
   std::string ca_file;
-  std::string policy = "fgd-packed";
+  std::string policy = "fgd-balanced";
   int timeout_ms = 5000;
   std::string tls_cert_file, tls_key_file;  // both: HTTPS
   bool leader_elect = false;
