@@ -322,6 +322,22 @@ TEST(Experiment, TheOfflinePackerFillsGpusWithSizesThatAddUpWhereArrivalOrderCan
       run_reference(nodes, hungry, Reference::offline_packer, 1, 1.3).allocated_at(1.3), 0.25);
 }
 
+TEST(Experiment, TheOfflinePackerLeavesEachGpuItsShareOfTheNodesMemory) {
+  ScratchDirectory scratch;
+  // One node of 2 GPUs and 48 GiB. A whole-GPU pod asking 40 GiB and more CPU, two asking
+  // 10 GiB: packing the CPU-hungriest first would strand the second GPU for want of memory.
+  const auto nodes = read_nodes(
+      write(scratch, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\na,64000,49152,2,T4\n"));
+  const auto pods = read_pods(write(scratch, "pods.csv",
+                                    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
+                                    "big,4000,40960,1,1000,\nsmall,2000,10240,1,1000,\n"
+                                    "small2,2000,10240,1,1000,\n"));
+  for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+    const RunResult packer = run_reference(nodes, pods, Reference::offline_packer, seed, 1.3);
+    EXPECT_DOUBLE_EQ(packer.allocated_at(1.3), 1.0) << "seed " << seed;
+  }
+}
+
 TEST(Experiment, NoPolicyNorTheOfflinePackerAllocatesMoreThanTheBound) {
   const std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/openb/";
   const auto nodes = read_nodes(data + "openb_node_list_gpu_node.csv");

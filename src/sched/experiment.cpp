@@ -245,8 +245,9 @@ bool place_tightest(Cluster& cluster, const Request& request) {
 }
 
 // Fills each GPU with room left by the sharing pods whose sizes add up closest to that room
-// (a subset sum over the sizes still unplaced, in 10-milli steps), each size's pod the one
-// asking least CPU that the node can still take. Placed pods are taken out of `sharing`.
+// (a subset sum over the sizes still unplaced, in 10-milli steps) within the GPU's share of
+// its node's CPU and memory; among ways to a sum, the one asking least of both (each relative
+// to the share), each size at its lightest pod's. Placed pods are taken out of `sharing`.
 void fill_gpus(Cluster& cluster, std::vector<Request>& sharing, long& placed) {
   constexpr int kStep = 10, kUnits = kMilli / kStep;
   // Unplaced pods by size in steps, least CPU first.
@@ -259,10 +260,15 @@ void fill_gpus(Cluster& cluster, std::vector<Request>& sharing, long& placed) {
       by_size[request.gpu_milli / kStep].push_back(request);
     }
   }
+  // Taken from the back: the lightest first, a core weighing as much as 4 GiB (about the
+  // openb nodes' ratio of memory to CPU).
+  const auto weight = [](const Request& request) {
+    return request.cpu_milli * 4 + request.memory_mib;
+  };
   for (auto& pods : by_size) {
     std::sort(pods.begin(), pods.end(),
-              [](const Request& a, const Request& b) { return a.cpu_milli > b.cpu_milli; });
-  }  // taken from the back: least CPU first
+              [&](const Request& a, const Request& b) { return weight(a) > weight(b); });
+  }
   const int node_count = static_cast<int>(cluster.nodes().size());
   for (int index = 0; index < node_count; ++index) {
     for (int gpu = 0; gpu < cluster.nodes()[index].gpus; ++gpu) {
@@ -270,40 +276,54 @@ void fill_gpus(Cluster& cluster, std::vector<Request>& sharing, long& placed) {
       if (!node.takes(gpu, 1)) continue;  // whole-only GPUs take no sharing pod
       const int room = node.gpu_left[gpu] / kStep;
       if (room <= 0) continue;
-      // The node's fair share of its CPU for this GPU: its CPU left over its GPUs with room.
+      // The node's fair share of its CPU and memory for this GPU: what is left over its GPUs
+      // with room.
       int with_room = 0;
       for (int i = 0; i < node.gpus; ++i) with_room += node.takes(i, 1);
-      const std::int64_t cpu_budget = node.cpu_left / std::max(1, with_room);
+      const std::int64_t cpu_share = node.cpu_left / std::max(1, with_room);
+      const std::int64_t memory_share = node.memory_left / std::max(1, with_room);
+      const auto cost_of = [&](const Request& request) {
+        return static_cast<double>(request.cpu_milli) /
+                   static_cast<double>(std::max<std::int64_t>(1, cpu_share)) +
+               static_cast<double>(request.memory_mib) /
+                   static_cast<double>(std::max<std::int64_t>(1, memory_share));
+      };
       // reach[s]: the size last added to reach s units (0: unreachable; s = 0 is reached),
-      // by the way that asks least CPU (each size at its least-CPU pod's).
+      // by the way that costs least; cpu[s] and memory[s]: what that way asks.
       std::vector<int> reach(room + 1, 0), used(kUnits + 1, 0);
-      std::vector<std::int64_t> cpu(room + 1, 0);
+      std::vector<std::int64_t> cpu(room + 1, 0), memory(room + 1, 0);
+      std::vector<double> cost(room + 1, 0);
       reach[0] = -1;
       for (int size = 1; size <= std::min(room, kUnits); ++size) {
         const int available = std::min<int>(static_cast<int>(by_size[size].size()), room / size);
         if (available == 0) continue;
-        const std::int64_t cpu_each = by_size[size].back().cpu_milli;
+        const Request& lightest = by_size[size].back();
+        const double cost_each = cost_of(lightest);
         for (int copy = 0; copy < available; ++copy) {
           bool grew = false;
           for (int s = room; s >= size; --s) {
             if (reach[s - size] == 0) continue;
-            const std::int64_t asked = cpu[s - size] + cpu_each;
-            if (reach[s] == 0 || asked < cpu[s]) {
+            const double asked = cost[s - size] + cost_each;
+            if (reach[s] == 0 || asked < cost[s]) {
               reach[s] = size;
-              cpu[s] = asked;
+              cost[s] = asked;
+              cpu[s] = cpu[s - size] + lightest.cpu_milli;
+              memory[s] = memory[s - size] + lightest.memory_mib;
               grew = true;
             }
           }
           if (!grew) break;
         }
       }
-      // The fullest GPU within the CPU share, else the fullest the node's CPU allows.
-      int best = room;
-      while (best > 0 && (reach[best] == 0 || cpu[best] > cpu_budget)) --best;
-      if (best == 0) {
-        best = room;
-        while (best > 0 && (reach[best] == 0 || cpu[best] > node.cpu_left)) --best;
-      }
+      // The fullest GPU within the shares, else the fullest the node's CPU and memory allow.
+      const auto fullest = [&](std::int64_t cpu_limit, std::int64_t memory_limit) {
+        int sum = room;
+        while (sum > 0 && (reach[sum] == 0 || cpu[sum] > cpu_limit || memory[sum] > memory_limit))
+          --sum;
+        return sum;
+      };
+      int best = fullest(cpu_share, memory_share);
+      if (best == 0) best = fullest(node.cpu_left, node.memory_left);
       // Takes the sizes that reach `best`, then places one pod of each.
       for (int s = best; s > 0; s -= reach[s]) ++used[reach[s]];
       for (int size = 1; size <= kUnits; ++size) {
@@ -327,7 +347,8 @@ void fill_gpus(Cluster& cluster, std::vector<Request>& sharing, long& placed) {
 
 // One-GPU pods, node by node, the nodes with least CPU per GPU first: each free GPU gets the
 // pod asking the most CPU within the node's CPU left per free GPU (the node's fair share),
-// so CPU-hungry pods go where CPU is plentiful. Placed pods are taken out of `whole`.
+// so CPU-hungry pods go where CPU is plentiful, and within its fair share of memory too.
+// Placed pods are taken out of `whole`.
 void fill_whole_gpus(Cluster& cluster, std::vector<Request>& whole, long& placed) {
   std::multimap<std::int64_t, Request> by_cpu;
   std::vector<Request> later;
@@ -352,10 +373,18 @@ void fill_whole_gpus(Cluster& cluster, std::vector<Request>& whole, long& placed
       const Node& node = nodes[index];
       const int free_gpus = node.fully_free_gpus();
       if (node.gpu_left[gpu] != kMilli || free_gpus == 0) continue;
-      // The most CPU within the fair share; else the least CPU of all, if it fits at all.
+      // The most CPU within the fair share whose memory is within its share too (looking at a
+      // bounded number of pods); else the lightest looked at, if it fits at all.
       auto pick = by_cpu.upper_bound(node.cpu_left / free_gpus);
       if (pick == by_cpu.begin()) continue;
       --pick;
+      const std::int64_t memory_share = node.memory_left / free_gpus;
+      constexpr int kMostLooks = 256;
+      for (int looks = 0;
+           pick->second.memory_mib > memory_share && pick != by_cpu.begin() && looks < kMostLooks;
+           ++looks) {
+        --pick;
+      }
       if (!cluster.fits(node, pick->second)) continue;
       Placement placement;
       placement.node = index;

@@ -60,9 +60,10 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
 // every policy but `random` meets): not policies a scheduler could run, since they see every
 // pod at once, but how far the online ones are from what is possible. The result holds the
 // allocation at 100 % and at `max_load` arrived.
-// - offline-packer: every arrived pod known in advance, largest GPU request first, each on
-//   the tightest GPU and node it fits (best-fit decreasing); a pod that fits nowhere is left
-//   out, as an offline packer may.
+// - offline-packer: every arrived pod known in advance. Pods of several GPUs best-fit; one-GPU
+//   pods node by node, each GPU its share of the node's CPU and memory; each GPU's room filled
+//   by a subset sum of sharing pods within those shares; the rest best-fit. A pod that fits
+//   nowhere is left out, as an offline packer may.
 // - bound: no schedule of these pods on these nodes allocates more. The GPUs' capacity, the
 //   GPU the pods ask for, and the GPU that the nodes' CPU can carry at all: pods taken in
 //   order of GPU per CPU, the last one in part, until the CPU of the GPU nodes is spent.
