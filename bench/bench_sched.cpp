@@ -42,26 +42,11 @@ Cluster filled(double load) {
   return cluster;
 }
 
-// Decides placements for sampled pods without applying them, so the load stays put.
-void Decide(benchmark::State& state) {
-  const auto policy = static_cast<Policy>(state.range(0));
-  Cluster cluster = filled(state.range(1) / 100.0);
-  std::mt19937_64 random(2);
-  std::uniform_int_distribution<std::size_t> pick(0, fixture().pods.size() - 1);
-  std::vector<Request> requests;
-  for (int i = 0; i < 4096; ++i)
-    requests.push_back(cluster.request_for(fixture().pods[pick(random)]));
-  std::size_t next = 0;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(cluster.place(requests[next++ % requests.size()], policy, random));
-  }
-  state.SetItemsProcessed(state.iterations());
-  state.SetLabel(policy_name(policy) + " at " + std::to_string(state.range(1)) + "% load");
-}
-
-// As a scheduler meets them: each decision is applied and then taken back, so the load stays
-// put while the chosen node changes twice and its cached scores must be measured again.
-void DecideAndApply(benchmark::State& state) {
+// Decisions for sampled pods on the cluster filled to the benchmark's load under its policy.
+// `apply` false: decided only, so the load stays put and cached scores serve. True: as a
+// scheduler meets them, each decision applied and taken back, so the chosen node changes
+// twice and its cached scores must be measured again.
+void Decisions(benchmark::State& state, bool apply) {
   const auto policy = static_cast<Policy>(state.range(0));
   Cluster cluster = filled(state.range(1) / 100.0);
   std::mt19937_64 random(2);
@@ -73,13 +58,21 @@ void DecideAndApply(benchmark::State& state) {
   for (auto _ : state) {
     const Request& request = requests[next++ % requests.size()];
     const Placement placement = cluster.place(request, policy, random);
-    if (placement.node >= 0) {
+    benchmark::DoNotOptimize(placement);
+    if (apply && placement.node >= 0) {
       cluster.allocate(request, placement);
       cluster.release(request, placement);
     }
   }
   state.SetItemsProcessed(state.iterations());
   state.SetLabel(policy_name(policy) + " at " + std::to_string(state.range(1)) + "% load");
+}
+
+void Decide(benchmark::State& state) {
+  Decisions(state, false);
+}
+void DecideAndApply(benchmark::State& state) {
+  Decisions(state, true);
 }
 
 const std::vector<std::vector<std::int64_t>> kPoliciesAndLoads = {
