@@ -618,6 +618,29 @@ TEST_F(Extender, FgdMeasuresAgainstThePodsItHoldsAndBalancedPlacementKeepsCpuFor
   EXPECT_EQ(after["fat"], 0);
 }
 
+TEST_F(Extender, PodsWithoutGpusTakeTheirCpuFromWhatGpuPodsFind) {
+  api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("lean", "16", 2)}});
+  ASSERT_TRUE(eventually([&] { return whole_gpus_fit(2, "lean"); }));
+  const auto fits = [&](const std::string& name, const std::string& cpu) {
+    return post("filter", {{"Pod", pod(name, {{"nvidia.com/gpu", "1"}}, cpu)},
+                           {"NodeNames", {"lean"}}})["NodeNames"] ==
+           nlohmann::json::array({"lean"});
+  };
+  const double held = metric(client_->Get("/metrics")->body, "tessera_extender_pods_holding_gpus");
+  // A batch job of 12 cores and no GPU starts on lean: 4 cores are left for GPU pods.
+  nlohmann::json batch = pod("batch", nlohmann::json::object(), "12");
+  batch["spec"]["nodeName"] = "lean";
+  batch["status"]["phase"] = "Running";
+  api_.push("pods", {{"type", "ADDED"}, {"object", batch}});
+  ASSERT_TRUE(eventually([&] { return !fits("g0", "8"); }));
+  EXPECT_TRUE(fits("g1", "4"));
+  EXPECT_EQ(metric(client_->Get("/metrics")->body, "tessera_extender_pods_holding_gpus"), held);
+  // It ends: its CPU is free again.
+  batch["status"]["phase"] = "Succeeded";
+  api_.push("pods", {{"type", "MODIFIED"}, {"object", batch}});
+  EXPECT_TRUE(eventually([&] { return fits("g2", "8"); }));
+}
+
 TEST_F(Extender, ConcurrentBindsNeverOverbookANode) {
   // gpu-c has two free GPUs; eight whole-GPU pods race for them.
   for (int i = 0; i < 8; ++i) {

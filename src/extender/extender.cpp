@@ -254,8 +254,8 @@ std::optional<Extender::Hold> Extender::hold_of(const nlohmann::json& pod, const
     hold.gpus = record->gpus;
   } else {
     // A pod placed by someone else (or whose record is damaged) still uses GPUs: the engine
-    // picks as many to hold as it asks for. A pod without GPUs is left to kube-scheduler.
-    if (hold.pod.gpus == 0 && hold.pod.mig.empty()) return std::nullopt;
+    // picks as many to hold as it asks for. A pod without GPUs holds its CPU and memory, which
+    // GPU pods on its node cannot have and fgd-balanced weighs.
     hold.choose_gpus = hold.pod.gpus > 0;
   }
   return hold;
@@ -433,7 +433,11 @@ std::string Extender::metrics() {
   {
     std::shared_lock<std::shared_mutex> reading(mutex_);
     state.nodes = nodes_.size();
-    state.pods_held = holds_.size();
+    state.pods_held =
+        static_cast<std::size_t>(std::count_if(holds_.begin(), holds_.end(), [](const auto& entry) {
+          const Hold& hold = entry.second;
+          return hold.pod.gpus > 0 || !hold.pod.mig.empty();
+        }));
   }
   return metrics_.render(state);
 }
