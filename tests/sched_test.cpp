@@ -20,6 +20,16 @@ std::string write(const ScratchDirectory& scratch, const std::string& name,
   return path;
 }
 
+// Node and pod lists in the openb format, written below their headers and read back.
+std::vector<NodeSpec> node_list(const ScratchDirectory& scratch, const std::string& rows) {
+  return read_nodes(write(scratch, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\n" + rows));
+}
+std::vector<PodSpec> pod_list(const ScratchDirectory& scratch, const std::string& name,
+                              const std::string& rows) {
+  return read_pods(
+      write(scratch, name, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + rows));
+}
+
 std::vector<NodeSpec> two_nodes() {
   // node 0: 2 T4s; node 1: 8 V100s.
   return {{"n0", 32000, 131072, 2, "T4"}, {"n1", 96000, 393216, 8, "V100M32"}};
@@ -216,14 +226,10 @@ TEST(Trace, MalformedFilesAreRefusedWithFileLineAndColumn) {
 TEST(Experiment, TheSameSeedGivesTheSameCurveAndTheLoadIsReached) {
   ScratchDirectory scratch;
   const auto nodes =
-      read_nodes(write(scratch, "nodes.csv",
-                       "sn,cpu_milli,memory_mib,gpu,model\n"
-                       "a,64000,262144,8,G2\nb,64000,262144,8,G2\nc,32000,131072,2,T4\n"));
-  const auto pods =
-      read_pods(write(scratch, "pods.csv",
-                      "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
-                      "p0,4000,8192,1,500,\np1,8000,16384,1,1000,\np2,2000,4096,0,0,\n"
-                      "p3,16000,32768,2,1000,G2\np4,4000,8192,1,250,T4\n"));
+      node_list(scratch, "a,64000,262144,8,G2\nb,64000,262144,8,G2\nc,32000,131072,2,T4\n");
+  const auto pods = pod_list(scratch, "pods.csv",
+                             "p0,4000,8192,1,500,\np1,8000,16384,1,1000,\np2,2000,4096,0,0,\n"
+                             "p3,16000,32768,2,1000,G2\np4,4000,8192,1,250,T4\n");
   for (Policy policy : all_policies()) {
     const RunResult first = run_inflation(nodes, pods, policy, 42, 1.3);
     const RunResult again = run_inflation(nodes, pods, policy, 42, 1.3);
@@ -300,11 +306,8 @@ TEST(Experiment, BalancedPlacementBeatsFgdOnEveryTrace) {
 TEST(Experiment, TheOfflinePackerFillsGpusWithSizesThatAddUpWhereArrivalOrderCannot) {
   ScratchDirectory scratch;
   // One node of 4 GPUs; pods of 600 and 400 milli, arriving to 200 % of the GPUs.
-  const auto nodes = read_nodes(
-      write(scratch, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\na,64000,262144,4,T4\n"));
-  const auto pods = read_pods(write(scratch, "pods.csv",
-                                    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
-                                    "p0,1000,1024,1,600,\np1,1000,1024,1,400,\n"));
+  const auto nodes = node_list(scratch, "a,64000,262144,4,T4\n");
+  const auto pods = pod_list(scratch, "pods.csv", "p0,1000,1024,1,600,\np1,1000,1024,1,400,\n");
   for (std::uint64_t seed = 1; seed <= 5; ++seed) {
     const RunResult packer = run_reference(nodes, pods, Reference::offline_packer, seed, 2.0);
     const RunResult bound = run_reference(nodes, pods, Reference::bound, seed, 2.0);
@@ -313,9 +316,7 @@ TEST(Experiment, TheOfflinePackerFillsGpusWithSizesThatAddUpWhereArrivalOrderCan
     EXPECT_DOUBLE_EQ(bound.allocated_at(2.0), 1.0);
   }
   // CPU bounds what any schedule allocates: 4 GPUs of pods asking 40 cores each, on 64.
-  const auto hungry = read_pods(write(scratch, "hungry.csv",
-                                      "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
-                                      "p0,40000,1024,1,1000,\n"));
+  const auto hungry = pod_list(scratch, "hungry.csv", "p0,40000,1024,1,1000,\n");
   EXPECT_DOUBLE_EQ(run_reference(nodes, hungry, Reference::bound, 1, 1.3).allocated_at(1.3),
                    64.0 / 40 / 4);
   EXPECT_DOUBLE_EQ(
@@ -326,12 +327,10 @@ TEST(Experiment, TheOfflinePackerLeavesEachGpuItsShareOfTheNodesMemory) {
   ScratchDirectory scratch;
   // One node of 2 GPUs and 48 GiB. A whole-GPU pod asking 40 GiB and more CPU, two asking
   // 10 GiB: packing the CPU-hungriest first would strand the second GPU for want of memory.
-  const auto nodes = read_nodes(
-      write(scratch, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\na,64000,49152,2,T4\n"));
-  const auto pods = read_pods(write(scratch, "pods.csv",
-                                    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
-                                    "big,4000,40960,1,1000,\nsmall,2000,10240,1,1000,\n"
-                                    "small2,2000,10240,1,1000,\n"));
+  const auto nodes = node_list(scratch, "a,64000,49152,2,T4\n");
+  const auto pods = pod_list(scratch, "pods.csv",
+                             "big,4000,40960,1,1000,\nsmall,2000,10240,1,1000,\n"
+                             "small2,2000,10240,1,1000,\n");
   for (std::uint64_t seed = 1; seed <= 5; ++seed) {
     const RunResult packer = run_reference(nodes, pods, Reference::offline_packer, seed, 1.3);
     EXPECT_DOUBLE_EQ(packer.allocated_at(1.3), 1.0) << "seed " << seed;

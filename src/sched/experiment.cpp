@@ -250,7 +250,7 @@ bool place_tightest(Cluster& cluster, const Request& request) {
 // to the share), each size at its lightest pod's. Placed pods are taken out of `sharing`.
 void fill_gpus(Cluster& cluster, std::vector<Request>& sharing, long& placed) {
   constexpr int kStep = 10, kUnits = kMilli / kStep;
-  // Unplaced pods by size in steps, least CPU first.
+  // Unplaced pods by size in steps.
   std::vector<std::vector<Request>> by_size(kUnits + 1);
   std::vector<Request> odd;  // sizes off the 10-milli grid: placed afterwards
   for (const Request& request : sharing) {
