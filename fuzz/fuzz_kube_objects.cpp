@@ -26,9 +26,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (node.spec.gpus < 0 || node.spec.gpus > kMaxGpusPerNode) broken("node GPU count");
     if (node.spec.cpu_milli < 0 || node.spec.memory_mib < 0) broken("node capacity");
     if (node.spec.name.size() > kMostNameLength) broken("node name length");
-    if (node.mig_devices.size() > 16) broken("node MIG profiles");
-    for (const auto& [profile, count] : node.mig_devices) {
-      if (profile.empty() || profile.size() > 32 || count < 1) broken("node MIG devices");
+    if (node.spec.mig.size() > static_cast<std::size_t>(tessera::sched::kMostMigProfilesPerNode))
+      broken("node MIG profiles");
+    for (const auto& devices : node.spec.mig) {
+      if (devices.profile.empty() || devices.profile.size() > 32 || devices.count < 1 ||
+          devices.milli < 1 || devices.milli > kMilli) {
+        broken("node MIG devices");
+      }
+    }
+    // What the reader accepts, the engine takes: its limits are the reader's.
+    try {
+      const Cluster cluster({node.spec});
+      if (cluster.gpu_milli_total() < 0) broken("node capacity in the engine");
+    } catch (const std::invalid_argument&) {
+      broken("the engine refuses a node the reader accepted");
     }
   } catch (const std::runtime_error&) {
   }

@@ -540,14 +540,16 @@ TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
 }
 
 TEST_F(Extender, MigPodsArePackedWhereTheirProfileIsInUseAlready) {
-  // mig-a has less CPU: by CPU and memory alone (best-fit) it would be the tighter node.
+  // mig-a has less CPU: by CPU and memory alone (best-fit) it is the tighter node.
   api_.push("nodes", {{"type", "ADDED"}, {"object", mig_node("mig-a", "16")}});
   api_.push("nodes", {{"type", "ADDED"}, {"object", mig_node("mig-b")}});
   const nlohmann::json one_g = {{"nvidia.com/mig-1g.10gb", "1"}};
-  const auto scores = [&](const std::string& name) {
+  const auto scores = [&](const std::string& name, const std::string& policy) {
+    nlohmann::json asking = pod(name, one_g);
+    asking["metadata"]["annotations"] = {{"tessera.io/policy", policy}};
     std::map<std::string, int> by_node;
-    for (const auto& entry : post("prioritize", {{"Pod", pod(name, one_g)},
-                                                 {"NodeNames", {"mig-a", "mig-b", "gpu-a"}}})) {
+    for (const auto& entry :
+         post("prioritize", {{"Pod", asking}, {"NodeNames", {"mig-a", "mig-b", "gpu-a"}}})) {
       by_node[entry["Host"].get<std::string>()] = entry["Score"].get<int>();
     }
     return by_node;
@@ -557,16 +559,21 @@ TEST_F(Extender, MigPodsArePackedWhereTheirProfileIsInUseAlready) {
                 {{"Pod", pod("m0", one_g)}, {"NodeNames", {"mig-a", "mig-b"}}})["NodeNames"]
                .size() == 2;
   }));
-  // Their devices alike and free: equal scores; a node without the profile gets none.
-  std::map<std::string, int> before = scores("m0");
+  // Their devices alike and free: FGD rates them equal; a node without the profile gets none.
+  std::map<std::string, int> before = scores("m0", "fgd-balanced");
   EXPECT_EQ(before["mig-a"], before["mig-b"]);
   EXPECT_EQ(before["gpu-a"], 0);
+  // Best-fit weighs a MIG device as the share of a GPU it is, beside the CPU left.
+  std::map<std::string, int> tight = scores("m0", "best-fit");
+  EXPECT_GT(tight["mig-a"], tight["mig-b"]);
   // One of mig-b's two 1g devices in use: the next 1g pod is packed beside it.
   post("filter", {{"Pod", pod("m1", one_g)}, {"NodeNames", {"mig-b"}}});
   ASSERT_EQ(bind("m1", "mig-b")["Error"], "");
-  std::map<std::string, int> after = scores("m2");
-  EXPECT_EQ(after["mig-b"], 10);
-  EXPECT_LT(after["mig-a"], after["mig-b"]);
+  for (const std::string policy : {"fgd-balanced", "fgd-packed", "gpu-packing"}) {
+    std::map<std::string, int> after = scores("m2", policy);
+    EXPECT_EQ(after["mig-b"], 10) << policy;
+    EXPECT_LT(after["mig-a"], after["mig-b"]) << policy;
+  }
 }
 
 // A node of `gpus` whole A100s and `cpu` cores.

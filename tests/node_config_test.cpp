@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "extender/cluster_objects.h"
@@ -583,6 +584,50 @@ TEST(NodeResources, MigDevicesAreServedPerStrategyWithNvidiasNamesAndIds) {
   const extender::NodeInfo info = extender::node_from_json(described);
   EXPECT_EQ(info.spec.gpus, 1);
   EXPECT_EQ(info.gpu_uuids, std::vector<std::string>{simulated_gpu_uuid(0)});
+  // Its MIG devices by profile, each weighing its share of the GPU's memory.
+  const nlohmann::json& mig_gpu = annotation["gpus"][1];
+  const auto share = [&](const std::string& profile) {
+    for (const nlohmann::json& device : mig_gpu["mig_devices"]) {
+      if (device["profile"] != profile) continue;
+      const std::int64_t memory = device["memory_mib"];
+      const std::int64_t whole = mig_gpu["memory_mib"];
+      return static_cast<int>((memory * 1000 + whole / 2) / whole);
+    }
+    return -1;
+  };
+  ASSERT_EQ(info.spec.mig.size(), 3u);
+  std::map<std::string, sched::MigDevices> by_profile;
+  for (const sched::MigDevices& devices : info.spec.mig) by_profile[devices.profile] = devices;
+  EXPECT_TRUE(by_profile["1g.5gb"] == (sched::MigDevices{"1g.5gb", 2, share("1g.5gb")}));
+  EXPECT_TRUE(by_profile["1g.5gb.me"] == (sched::MigDevices{"1g.5gb.me", 1, share("1g.5gb+me")}));
+  EXPECT_TRUE(by_profile["3g.20gb"] == (sched::MigDevices{"3g.20gb", 1, share("3g.20gb")}));
+  EXPECT_GT(by_profile["3g.20gb"].milli, 2 * by_profile["1g.5gb"].milli);
+  // The engine places a pod of two 1g devices there, and no third.
+  sched::Cluster cluster({info.spec});
+  sched::PodSpec two;
+  two.mig = {{"1g.5gb", 2}};
+  std::mt19937_64 random(1);
+  const sched::Request request = cluster.request_for(two);
+  const sched::Placement placed = cluster.place(request, sched::Policy::fgd_balanced, random);
+  ASSERT_EQ(placed.node, 0);
+  cluster.allocate(request, placed);
+  EXPECT_EQ(cluster.mig_free(0, "1g.5gb"), 0);
+  EXPECT_EQ(cluster.place(request, sched::Policy::fgd_balanced, random).node, -1);
+  // A device without its memory cannot be weighed: the annotation is refused, naming it.
+  nlohmann::json damaged = annotation;
+  damaged["gpus"][1]["mig_devices"][0].erase("memory_mib");
+  const std::string damaged_profile = damaged["gpus"][1]["mig_devices"][0]["profile"];
+  nlohmann::json damaged_node = described;
+  damaged_node["metadata"]["annotations"][kGpusAnnotation] = damaged.dump();
+  try {
+    extender::node_from_json(damaged_node);
+    ADD_FAILURE() << "accepted a MIG device without memory_mib";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(
+        std::string(error.what()).find("MIG device " + damaged_profile + ": memory_mib is missing"),
+        std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(NodeAllocation, ReplicasAreDistributedOrPackedAndWholeGpusStayOnOneNumaNode) {

@@ -175,6 +175,189 @@ TEST(Engine, FragmentationCountsGpusTooSmallForTheWorkload) {
   EXPECT_EQ(fgd.gpu_index[0], 0);
 }
 
+// A node of `gpus` shared A100s and MIG devices (profile, count, milli each).
+NodeSpec mig_node(const std::string& name, std::int64_t cpu, int gpus,
+                  std::vector<MigDevices> mig) {
+  NodeSpec spec{name, cpu, 1 << 20, gpus, "A100"};
+  spec.mig = std::move(mig);
+  return spec;
+}
+
+PodSpec mig_pod(std::int64_t cpu, std::vector<std::pair<std::string, int>> mig) {
+  PodSpec spec = pod(cpu, 0, 0);
+  spec.mig = std::move(mig);
+  return spec;
+}
+
+TEST(Engine, MigDevicesFitByProfileAndComeBack) {
+  Cluster cluster({mig_node("n0", 64000, 1, {{"1g.10gb", 2, 143}, {"3g.40gb", 1, 429}}),
+                   {"n1", 64000, 1 << 20, 2, "A100"}});
+  EXPECT_EQ(cluster.gpu_milli_total(), 1000 + 2 * 143 + 429 + 2000);
+  const auto& n0 = cluster.nodes()[0];
+  EXPECT_EQ(n0.gpu_milli_left(), 1000 + 2 * 143 + 429);
+  const Request two_small = cluster.request_for(mig_pod(1000, {{"1g.10gb", 2}}));
+  EXPECT_EQ(two_small.kind, 6);
+  EXPECT_TRUE(cluster.fits(n0, two_small));
+  EXPECT_FALSE(cluster.fits(cluster.nodes()[1], two_small));  // no MIG devices there
+  EXPECT_FALSE(cluster.fits(n0, cluster.request_for(mig_pod(1000, {{"1g.10gb", 3}}))));
+  EXPECT_FALSE(cluster.fits(n0, cluster.request_for(mig_pod(1000, {{"7g.80gb", 1}}))));
+  EXPECT_FALSE(cluster.fits(n0, cluster.request_for(mig_pod(100000, {{"1g.10gb", 1}}))));
+  // Asked together with a shared GPU, both must fit; a zero count asks nothing.
+  PodSpec both = mig_pod(1000, {{"3g.40gb", 1}, {"1g.10gb", 0}});
+  both.gpus = 1;
+  both.gpu_milli = 500;
+  const Request mixed = cluster.request_for(both);
+  EXPECT_EQ(mixed.mig_asks, 1);
+  EXPECT_TRUE(cluster.fits(n0, mixed));
+  // More profiles than a pod may ask for fits nowhere, rather than some of them.
+  std::vector<std::pair<std::string, int>> many;
+  for (int k = 0; k <= kMostMigAsks; ++k) many.emplace_back("1g.10gb", 1);
+  EXPECT_FALSE(cluster.fits(n0, cluster.request_for(mig_pod(1000, many))));
+
+  std::mt19937_64 random(5);
+  const Placement placed = cluster.place(two_small, Policy::fgd_balanced, random);
+  ASSERT_EQ(placed.node, 0);
+  EXPECT_EQ(placed.gpu_count, 0);  // the kubelet picks the devices
+  cluster.allocate(two_small, placed);
+  EXPECT_EQ(cluster.mig_free(0, "1g.10gb"), 0);
+  EXPECT_EQ(cluster.mig_free(0, "3g.40gb"), 1);
+  EXPECT_EQ(cluster.mig_free(1, "1g.10gb"), 0);
+  EXPECT_EQ(cluster.mig_free(0, "unheard-of"), 0);
+  EXPECT_EQ(cluster.gpu_milli_allocated(), 2 * 143);
+  EXPECT_EQ(cluster.place(two_small, Policy::fgd_balanced, random).node, -1);
+  // A hold beyond the devices (a pod placed by someone else) counts below zero.
+  cluster.allocate(two_small, placed);
+  EXPECT_EQ(cluster.mig_free(0, "1g.10gb"), -2);
+  EXPECT_EQ(cluster.nodes()[0].gpu_milli_left(), 1000 + 429);
+  cluster.release(two_small, placed);
+  cluster.release(two_small, placed);
+  EXPECT_EQ(cluster.mig_free(0, "1g.10gb"), 2);
+  EXPECT_EQ(cluster.gpu_milli_allocated(), 0);
+}
+
+TEST(Engine, ANodeWithMoreMigProfilesThanTheEngineHoldsIsRefused) {
+  std::vector<MigDevices> devices;
+  for (int k = 0; k <= kMostMigProfilesPerNode; ++k)
+    devices.push_back({"1g." + std::to_string(k) + "gb", 1, 143});
+  try {
+    Cluster cluster({mig_node("crowded", 64000, 0, devices)});
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("node crowded: more than 8 MIG profiles"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(Engine, FragmentationCountsMigDevicesAsForSharedGpus) {
+  Cluster cluster({mig_node("n0", 64000, 1, {{"1g.10gb", 2, 143}, {"3g.40gb", 1, 429}})});
+  cluster.allocate(cluster.request_for(pod(1000, 1, 400)), on_gpu_0_of(0));  // 600 left
+  // Half 500-milli sharing pods, a quarter 1g pods, a quarter pods of two 3g devices.
+  std::vector<PodSpec> workload(2, pod(1000, 1, 500));
+  workload.push_back(mig_pod(1000, {{"1g.10gb", 1}}));
+  workload.push_back(mig_pod(1000, {{"3g.40gb", 2}}));
+  cluster.set_target_workload(workload, 1.0);
+  // Free: 600 + 2 x 143 + 429 = 1315. A sharing pod can use the 600, a 1g pod the 286, and
+  // the 3g pod nothing here: 0.5 x 715 + 0.25 x 1029 + 0.25 x 1315.
+  EXPECT_DOUBLE_EQ(cluster.fragmentation(), 0.5 * 715 + 0.25 * 1029 + 0.25 * 1315);
+  // A node whose CPU is gone fits no class: everything free is a fragment.
+  cluster.allocate(cluster.request_for(pod(63500, 0, 0)), Placement{0, 0, {}});
+  EXPECT_DOUBLE_EQ(cluster.fragmentation(), 1315);
+}
+
+TEST(Engine, CpuHeavySharingPodsStayOffTheNodeWhoseMigDevicesNeedItsCpu) {
+  // Two nodes alike but for MIG devices: "mig" also has two 3g devices, which the workload's
+  // 3g pods (4 cores each) need its CPU for.
+  const std::vector<NodeSpec> nodes = {mig_node("mig", 8000, 1, {{"3g.40gb", 2, 429}}),
+                                       {"plain", 8000, 1 << 20, 1, "A100"}};
+  std::vector<PodSpec> workload = {pod(2000, 1, 500), mig_pod(4000, {{"3g.40gb", 1}})};
+  const Request heavy_share = Cluster(nodes).request_for(pod(6000, 1, 500));
+  std::mt19937_64 random(7);
+  for (Policy policy : {Policy::fgd, Policy::fgd_packed, Policy::fgd_balanced}) {
+    Cluster cluster(nodes);
+    cluster.set_target_workload(workload, 1.0);
+    // On "mig" it would leave 2 cores: the MIG devices could take no 3g pod.
+    EXPECT_EQ(cluster.place(heavy_share, policy, random).node, 1) << policy_name(policy);
+    // Blind to MIG devices, the nodes are equal and the first wins.
+    Cluster blind({{"mig", 8000, 1 << 20, 1, "A100"}, nodes[1]});
+    blind.set_target_workload(workload, 1.0);
+    EXPECT_EQ(blind.place(heavy_share, policy, random).node, 0) << policy_name(policy);
+  }
+}
+
+// Random arrivals and departures of sharing, whole-GPU, CPU-only and MIG pods on a mixed
+// cluster: the cached scores must choose as scores measured afresh do, and the devices held
+// must be what the pods placed hold.
+TEST(Engine, MixedPlacementKeepsItsBooksAndChoosesAsAFreshLookWould) {
+  std::vector<NodeSpec> nodes;
+  for (int n = 0; n < 12; ++n) {
+    std::vector<MigDevices> mig;
+    if (n % 3 != 0) mig.push_back({"1g.10gb", 1 + n % 4, 143});
+    if (n % 4 != 0) mig.push_back({"3g.40gb", 1 + n % 2, 429});
+    nodes.push_back(mig_node("n" + std::to_string(n), 16000 + 8000 * (n % 5), n % 3, mig));
+  }
+  std::mt19937_64 random(11);
+  const std::vector<PodSpec> kinds = {pod(2000, 1, 300),
+                                      pod(6000, 1, 700),
+                                      pod(8000, 1, 1000),
+                                      pod(4000, 0, 0),
+                                      mig_pod(2000, {{"1g.10gb", 1}}),
+                                      mig_pod(2000, {{"3g.40gb", 1}}),
+                                      mig_pod(6000, {{"3g.40gb", 1}}),
+                                      mig_pod(3000, {{"1g.10gb", 2}, {"3g.40gb", 1}})};
+  for (Policy policy : {Policy::fgd, Policy::fgd_packed, Policy::fgd_balanced, Policy::best_fit,
+                        Policy::gpu_packing}) {
+    Cluster cluster(nodes);
+    cluster.set_target_workload(kinds, 1.0);
+    std::vector<std::pair<Request, Placement>> running;
+    for (int step = 0; step < 400; ++step) {
+      if (!running.empty() && random() % 3 == 0) {  // a departure
+        const std::size_t which = random() % running.size();
+        cluster.release(running[which].first, running[which].second);
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(which));
+        continue;
+      }
+      const Request request = cluster.request_for(kinds[random() % kinds.size()]);
+      double best = -1e300;
+      for (int n = 0; n < static_cast<int>(nodes.size()); ++n) {
+        double value = 0;
+        if (cluster.score_on(n, request, policy, value)) best = std::max(best, value);
+      }
+      const Placement placed = cluster.place(request, policy, random);
+      if (placed.node < 0) {
+        ASSERT_EQ(best, -1e300) << "a node fits, yet none was chosen";
+        continue;
+      }
+      double chosen = 0;
+      ASSERT_TRUE(cluster.score_on(placed.node, request, policy, chosen));
+      ASSERT_NEAR(chosen, best, 1e-9) << policy_name(policy) << " step " << step;
+      cluster.allocate(request, placed);
+      running.emplace_back(request, placed);
+    }
+    // The books: each node's free devices are its devices less those the running pods hold.
+    std::int64_t allocated = 0;
+    for (int n = 0; n < static_cast<int>(nodes.size()); ++n) {
+      for (const MigDevices& devices : nodes[n].mig) {
+        const std::uint8_t profile =
+            cluster.request_for(mig_pod(0, {{devices.profile, 1}})).mig[0].profile;
+        int held = 0;
+        for (const auto& [request, placement] : running) {
+          for (int k = 0; k < request.mig_asks; ++k) {
+            if (placement.node == n && request.mig[k].profile == profile)
+              held += request.mig[k].count;
+          }
+        }
+        EXPECT_EQ(cluster.mig_free(n, devices.profile), devices.count - held);
+        EXPECT_GE(cluster.mig_free(n, devices.profile), 0);
+        allocated += std::int64_t{held} * devices.milli;
+      }
+    }
+    for (const auto& [request, placement] : running)
+      allocated += std::int64_t{request.gpus} * request.gpu_milli;
+    EXPECT_EQ(cluster.gpu_milli_allocated(), allocated) << policy_name(policy);
+  }
+}
+
 TEST(Engine, UnknownPoliciesAreNamed) {
   try {
     parse_policy("tetris");

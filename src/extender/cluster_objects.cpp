@@ -44,12 +44,14 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       throw std::runtime_error("a GPU without sharing (none, slices, timeslice, mps or mig)");
     }
     const std::string& mode = sharing->get_ref<const std::string&>();
-    // MIG devices are the kubelet's to hand out, by profile: counted here for the filter.
+    // MIG devices are the kubelet's to hand out, by profile; the engine counts them, each as
+    // its share of the GPU's memory (as a sharing pod's gpumem is counted).
     if (mode == "mig") {
       const auto devices = gpu.find("mig_devices");
       if (devices == gpu.end() || !devices->is_array() || devices->size() > 8) {
         throw std::runtime_error("a MIG GPU's mig_devices must be a list of at most 8");
       }
+      const std::int64_t gpu_memory = integer_field(gpu, "memory_mib", 1, kMostCount);
       for (const nlohmann::json& device : *devices) {
         const auto profile = device.is_object() ? device.find("profile") : device.end();
         if (profile == device.end() || !profile->is_string() ||
@@ -58,11 +60,27 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
           throw std::runtime_error("a MIG device without a profile");
         }
         std::string name = profile->get<std::string>();  // "1g.10gb+me" -> "1g.10gb.me"
-        std::replace(name.begin(), name.end(), '+', '.');
-        if (info.mig_devices.size() >= 16 && !info.mig_devices.contains(name)) {
-          throw std::runtime_error("more than 16 MIG profiles");
+        std::int64_t memory = 0;
+        try {  // a device is weighed by its share of the GPU's memory
+          memory = integer_field(device, "memory_mib", 1, gpu_memory);
+        } catch (const std::runtime_error& error) {
+          throw std::runtime_error(fmt::format("MIG device {}: {} (at most the GPU's {} MiB)", name,
+                                               error.what(), gpu_memory));
         }
-        ++info.mig_devices[name];
+        std::replace(name.begin(), name.end(), '+', '.');
+        auto same =
+            std::find_if(info.spec.mig.begin(), info.spec.mig.end(),
+                         [&](const sched::MigDevices& have) { return have.profile == name; });
+        if (same == info.spec.mig.end()) {
+          if (info.spec.mig.size() >= sched::kMostMigProfilesPerNode) {
+            throw std::runtime_error(
+                fmt::format("more than {} MIG profiles", sched::kMostMigProfilesPerNode));
+          }
+          const auto share = (memory * kMilli + gpu_memory / 2) / gpu_memory;
+          info.spec.mig.push_back({name, 0, static_cast<int>(std::max<std::int64_t>(share, 1))});
+          same = info.spec.mig.end() - 1;
+        }
+        ++same->count;
       }
       continue;
     }
@@ -150,6 +168,7 @@ Request request_on(const Cluster& cluster, const PodRequest& pod, std::int64_t g
     milli = static_cast<int>(std::clamp<std::int64_t>(share, 1, kMilli + 1));
   }
   spec.gpu_milli = pod.gpus > 1 ? std::max(milli, kMilli) : milli;  // several GPUs are whole GPUs
+  for (const auto& [profile, count] : pod.mig) spec.mig.emplace_back(profile, count);
   return cluster.request_for(spec);
 }
 

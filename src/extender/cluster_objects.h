@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -40,9 +39,8 @@ inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
 
 struct NodeInfo {
   NodeSpec spec;
-  std::int64_t gpu_memory_mib = 0;         // each GPU's memory
-  std::vector<std::string> gpu_uuids;      // in the engine's numbering; empty if not given
-  std::map<std::string, int> mig_devices;  // MIG devices by profile ("1g.10gb.me")
+  std::int64_t gpu_memory_mib = 0;     // each GPU's memory
+  std::vector<std::string> gpu_uuids;  // in the engine's numbering; empty if not given
 };
 
 // Throws std::runtime_error naming the node and the field at fault.

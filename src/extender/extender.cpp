@@ -57,7 +57,7 @@ bool same_node(const NodeInfo& a, const NodeInfo& b) {
   return a.spec.cpu_milli == b.spec.cpu_milli && a.spec.memory_mib == b.spec.memory_mib &&
          a.spec.gpus == b.spec.gpus && a.spec.model == b.spec.model &&
          a.gpu_memory_mib == b.gpu_memory_mib && a.spec.whole_only_gpus == b.spec.whole_only_gpus &&
-         a.gpu_uuids == b.gpu_uuids && a.mig_devices == b.mig_devices;
+         a.gpu_uuids == b.gpu_uuids && a.spec.mig == b.spec.mig;
 }
 
 }  // namespace
@@ -91,10 +91,23 @@ Policy Extender::policy_for(const PodRequest& pod) const {
 
 void Extender::rebuild_locked() {
   std::vector<NodeSpec> specs;
-  std::set<std::string> models;
+  std::set<std::string> models, profiles;
   index_.clear();
   for (const auto& [name, info] : nodes_) {
     NodeSpec spec = info.spec;
+    const std::string& node = name;  // a structured binding cannot be captured (C++20)
+    std::erase_if(spec.mig, [&](const sched::MigDevices& devices) {
+      if (profiles.contains(devices.profile)) return false;
+      if (static_cast<int>(profiles.size()) < Cluster::kMostMigProfiles) {
+        profiles.insert(devices.profile);
+        return false;
+      }
+      say(
+          fmt::format("node {}: MIG profile {} is one more than the {} profiles Tessera places "
+                      "on; its devices are not offered",
+                      node, devices.profile, Cluster::kMostMigProfiles));
+      return true;
+    });
     if (spec.gpus > 0 && !models.contains(spec.model)) {
       if (static_cast<int>(models.size()) >= Cluster::kMostModels) {
         say(
@@ -111,7 +124,6 @@ void Extender::rebuild_locked() {
     specs.push_back(spec);
   }
   cluster_ = std::make_unique<Cluster>(specs);
-  mig_used_.clear();
   for (auto& [uid, hold] : holds_) {
     hold.applied = false;
     apply_locked(hold);
@@ -166,23 +178,12 @@ void Extender::apply_locked(Hold& hold) {
   hold.request = request;
   hold.placement = placement;
   hold.applied = true;
-  count_mig_locked(hold, 1);
 }
 
 void Extender::release_locked(Hold& hold) {
   if (!hold.applied) return;
   cluster_->release(hold.request, hold.placement);
   hold.applied = false;
-  count_mig_locked(hold, -1);
-}
-
-void Extender::count_mig_locked(const Hold& hold, int sign) {
-  for (const auto& [profile, count] : hold.pod.mig) {
-    int& used = mig_used_[hold.node][profile];
-    used += sign * count;
-    if (used <= 0) mig_used_[hold.node].erase(profile);
-  }
-  if (mig_used_.contains(hold.node) && mig_used_[hold.node].empty()) mig_used_.erase(hold.node);
 }
 
 void Extender::set_hold_locked(const std::string& uid, std::optional<Hold> hold) {
@@ -333,34 +334,6 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
   return true;
 }
 
-int Extender::mig_devices_locked(const std::string& node, const std::string& profile) const {
-  const auto found = nodes_.find(node);
-  if (found == nodes_.end()) return 0;
-  const auto have = found->second.mig_devices.find(profile);
-  return have == found->second.mig_devices.end() ? 0 : have->second;
-}
-
-int Extender::mig_free_locked(const std::string& node, const std::string& profile) const {
-  int free = mig_devices_locked(node, profile);
-  if (const auto used = mig_used_.find(node); used != mig_used_.end()) {
-    if (const auto taken = used->second.find(profile); taken != used->second.end()) {
-      free -= taken->second;
-    }
-  }
-  return free;
-}
-
-double Extender::mig_packing_locked(const PodRequest& pod, const std::string& node) const {
-  double packed = 0;
-  for (const auto& [profile, count] : pod.mig) {
-    const int devices = mig_devices_locked(node, profile);
-    if (devices > 0) {
-      packed += static_cast<double>(devices - mig_free_locked(node, profile) + count) / devices;
-    }
-  }
-  return pod.mig.empty() ? 0 : packed / static_cast<double>(pod.mig.size());
-}
-
 std::string Extender::refusal_locked(const PodRequest& pod, const std::string& node,
                                      Request& request, int& index) const {
   const auto found = index_.find(node);
@@ -372,8 +345,12 @@ std::string Extender::refusal_locked(const PodRequest& pod, const std::string& n
       return fmt::format("node has no GPUs Tessera knows of ({})", kGpusAnnotation);
     if (std::string why = model_refusal(pod, info.spec.model); !why.empty()) return why;
   }
+  if (std::count_if(pod.mig.begin(), pod.mig.end(),
+                    [](const auto& ask) { return ask.second > 0; }) > sched::kMostMigAsks) {
+    return fmt::format("asks for more than {} MIG profiles", sched::kMostMigAsks);
+  }
   for (const auto& [profile, count] : pod.mig) {
-    const int free = mig_free_locked(node, profile);
+    const int free = cluster_->mig_free(index, profile);
     if (free < count) {
       return fmt::format("has {} nvidia.com/mig-{} free; asks {}", std::max(free, 0), profile,
                          count);
@@ -490,11 +467,6 @@ HttpReply Extender::answer_prioritize(const std::string& body) {
       double score = 0;
       if (refusal_locked(candidates.pod, name, request, index).empty() &&
           cluster_->score_on(index, request, policy, score)) {
-        // A pod of MIG devices only goes where its profile's devices are most in use already:
-        // nodes with every device free stay so for pods that ask for several.
-        if (request.gpus == 0 && !candidates.pod.mig.empty()) {
-          score = mig_packing_locked(candidates.pod, name);
-        }
         scores.emplace_back(name, score);
       } else {
         scores.emplace_back(name, -1e300);
@@ -617,7 +589,6 @@ HttpReply Extender::answer_bind(const std::string& body) {
     // Held now, so that concurrent binds cannot take the same room.
     cluster_->allocate(request, hold.placement);
     hold.applied = true;
-    count_mig_locked(hold, 1);
     holds_[pod_uid] = std::move(hold);
     own_binds_[pod_uid] = Clock::now();
     measure_workload_if_moved_locked();

@@ -114,19 +114,11 @@ class Extender {
   void rebuild_locked();
   void apply_locked(Hold& hold);
   void release_locked(Hold& hold);
-  // Adds (sign 1) or takes back (-1) the MIG devices a hold's pod asks for on its node.
-  void count_mig_locked(const Hold& hold, int sign);
   void set_hold_locked(const std::string& uid, std::optional<Hold> hold);
   // FGD's target workload is the pods held now: measured after a rebuild, and again whenever
   // the count of holds has moved by a tenth (at least 8) since it was last measured.
   void measure_workload_locked();
   void measure_workload_if_moved_locked();
-  // The node's MIG devices of `profile`, and those of them no bound pod holds.
-  int mig_devices_locked(const std::string& node, const std::string& profile) const;
-  int mig_free_locked(const std::string& node, const std::string& profile) const;
-  // The share of the node's devices of the pod's MIG profiles in use once it is placed there
-  // (0 to 1, averaged over the profiles it asks for): higher packs tighter.
-  double mig_packing_locked(const PodRequest& pod, const std::string& node) const;
   // Why the pod cannot go to node (empty if it can); fills request for it.
   std::string refusal_locked(const PodRequest& pod, const std::string& node, Request& request,
                              int& index) const;
@@ -149,8 +141,6 @@ class Extender {
   static constexpr std::chrono::seconds kOwnBindGrace{60};
   std::unique_ptr<Cluster> cluster_;
   std::map<std::string, int> index_;
-  // MIG devices held by bound pods, by node and profile (node agent's mixed strategy).
-  std::map<std::string, std::map<std::string, int>> mig_used_;
   std::mt19937_64 random_{42};
   std::size_t workload_holds_ = 0;  // holds when the target workload was last measured
 };

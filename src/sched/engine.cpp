@@ -3,11 +3,13 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <stdexcept>
 #include <tuple>
+#include <utility>
 
 namespace tessera::sched {
 namespace {
@@ -31,8 +33,8 @@ const std::vector<std::pair<Policy, const char*>>& policy_names() {
   return names;
 }
 
-int kind_of(int gpus, int milli) {
-  if (gpus == 0) return 0;
+int kind_of(int gpus, int milli, bool mig) {
+  if (gpus == 0) return mig ? 6 : 0;
   if (gpus == 1 && milli < kMilli) return 1;
   if (gpus == 1) return 2;
   if (gpus == 2) return 3;
@@ -77,9 +79,26 @@ const std::vector<Policy>& all_policies() {
 }
 
 std::int64_t Node::gpu_milli_left() const {
-  std::int64_t total = 0;
+  std::int64_t total = mig_slots > 0 ? mig_milli_left() : 0;
   for (int i = 0; i < gpus; ++i) total += gpu_left[i];
   return total;
+}
+
+std::int64_t Node::mig_milli_left() const {
+  std::int64_t total = 0;
+  for (int k = 0; k < mig_slots; ++k) total += std::max(0, int{mig[k].free}) * mig[k].milli;
+  return total;
+}
+
+const MigSlot* Node::mig_slot(std::uint8_t profile) const {
+  for (int k = 0; k < mig_slots; ++k) {
+    if (mig[k].profile == profile) return &mig[k];
+  }
+  return nullptr;
+}
+
+MigSlot* Node::mig_slot(std::uint8_t profile) {
+  return const_cast<MigSlot*>(std::as_const(*this).mig_slot(profile));
 }
 
 int Node::fully_free_gpus() const {
@@ -90,6 +109,7 @@ int Node::fully_free_gpus() const {
 
 Cluster::Cluster(const std::vector<NodeSpec>& specs) {
   std::map<std::string, int> model_ids;
+  std::map<std::string, std::uint8_t> profile_ids;
   for (const NodeSpec& spec : specs) {
     Node node;
     node.cpu_left = node.cpu_total = spec.cpu_milli;
@@ -109,6 +129,35 @@ Cluster::Cluster(const std::vector<NodeSpec>& specs) {
     for (int i = 0; i < node.gpus; ++i) node.gpu_left[i] = kMilli;
     node.whole_only = spec.whole_only_gpus;
     gpu_milli_total_ += std::int64_t{spec.gpus} * kMilli;
+    for (const MigDevices& devices : spec.mig) {
+      if (devices.count <= 0) continue;
+      auto [it, added] =
+          profile_ids.emplace(devices.profile, static_cast<std::uint8_t>(mig_profiles_.size()));
+      if (added) {
+        if (static_cast<int>(mig_profiles_.size()) == kMostMigProfiles) {
+          throw std::invalid_argument(
+              fmt::format("more than {} MIG profiles in one cluster", kMostMigProfiles));
+        }
+        mig_profiles_.push_back(devices.profile);
+        mig_profile_milli_.push_back(devices.milli);
+      }
+      MigSlot* slot = node.mig_slot(it->second);
+      if (slot == nullptr) {
+        if (node.mig_slots == kMostMigProfilesPerNode) {
+          throw std::invalid_argument(fmt::format("node {}: more than {} MIG profiles", spec.name,
+                                                  kMostMigProfilesPerNode));
+        }
+        slot = &node.mig[node.mig_slots++];
+        slot->profile = it->second;
+        slot->milli = static_cast<std::int16_t>(std::clamp(devices.milli, 1, kMilli));
+      }
+      // A GPU holds at most 7 devices, a node 16 GPUs.
+      constexpr int kMostDevices = 7 * kMaxGpusPerNode;
+      slot->total = static_cast<std::int16_t>(std::min(slot->total + devices.count, kMostDevices));
+      slot->free = slot->total;
+    }
+    for (int k = 0; k < node.mig_slots; ++k)
+      gpu_milli_total_ += std::int64_t{node.mig[k].total} * node.mig[k].milli;
     nodes_.push_back(node);
   }
 }
@@ -119,7 +168,20 @@ Request Cluster::request_for(const PodSpec& pod) const {
   request.memory_mib = pod.memory_mib;
   request.gpus = pod.gpus;
   request.gpu_milli = pod.gpu_milli;
-  request.kind = kind_of(pod.gpus, pod.gpu_milli);
+  for (const auto& [profile, count] : pod.mig) {
+    if (count <= 0) continue;
+    if (request.mig_asks == kMostMigAsks) {  // more profiles than one pod may ask: fits nowhere
+      request.mig[0] = MigAsk{kUnknownMigProfile, 1};
+      break;
+    }
+    const auto found = std::find(mig_profiles_.begin(), mig_profiles_.end(), profile);
+    MigAsk& ask = request.mig[request.mig_asks++];
+    ask.profile = found == mig_profiles_.end()
+                      ? kUnknownMigProfile
+                      : static_cast<std::uint8_t>(found - mig_profiles_.begin());
+    ask.count = static_cast<std::int16_t>(std::min(count, 1000));  // more than any node has
+  }
+  request.kind = kind_of(pod.gpus, pod.gpu_milli, request.mig_asks > 0);
   for (const std::string& model : pod.models) {
     const auto found = std::find(models_.begin(), models_.end(), model);
     // A model no node has still restricts the pod (to nothing, if it is the only one).
@@ -131,11 +193,20 @@ Request Cluster::request_for(const PodSpec& pod) const {
 
 bool Cluster::fits(const Node& node, const Request& request) const {
   if (node.cpu_left < request.cpu_milli || node.memory_left < request.memory_mib) return false;
+  if (request.mig_asks > 0 && !mig_fits(node, request)) return false;
   if (request.gpus == 0) return true;
   if (node.gpus == 0 || !model_allowed(node, request.models)) return false;
   int usable = 0;
   for (int i = 0; i < node.gpus; ++i) usable += node.takes(i, request.gpu_milli);
   return usable >= request.gpus;
+}
+
+bool Cluster::mig_fits(const Node& node, const Request& request) {
+  for (int k = 0; k < request.mig_asks; ++k) {
+    const MigSlot* slot = node.mig_slot(request.mig[k].profile);
+    if (slot == nullptr || slot->free < request.mig[k].count) return false;
+  }
+  return true;
 }
 
 // --- fragmentation -------------------------------------------------------------------------
@@ -152,20 +223,30 @@ void Cluster::set_target_workload(const std::vector<Request>& requests, double c
     std::int64_t cpu;
     int gpus, milli;
     std::uint64_t models;
+    std::array<std::pair<int, int>, kMostMigAsks> mig;
     bool operator<(const Key& other) const {
-      return std::tie(cpu, gpus, milli, models) <
-             std::tie(other.cpu, other.gpus, other.milli, other.models);
+      return std::tie(cpu, gpus, milli, models, mig) <
+             std::tie(other.cpu, other.gpus, other.milli, other.models, other.mig);
     }
   };
+  std::map<Key, Request> counts_of;
   std::map<Key, int> counts;
   double cpu = 0, gpu = 0;  // of the GPU pods
   for (const Request& request : requests) {
     // CPU-only pods are classes too, as the paper's experiments ran it (isInvolvedCpuPods):
     // an idle GPU is a fragment for a pod that wants none.
-    ++counts[Key{request.cpu_milli, request.gpus, request.gpu_milli, request.models}];
-    if (request.gpus > 0) {
+    Key key{request.cpu_milli, request.gpus, request.gpu_milli, request.models, {}};
+    double mig_milli = 0;
+    for (int k = 0; k < request.mig_asks; ++k) {
+      const MigAsk& ask = request.mig[k];
+      key.mig[static_cast<std::size_t>(k)] = {ask.profile, ask.count};
+      if (ask.profile < mig_profile_milli_.size())
+        mig_milli += static_cast<double>(ask.count) * mig_profile_milli_[ask.profile];
+    }
+    if (++counts[key] == 1) counts_of[key] = request;
+    if (request.asks_gpu()) {
       cpu += static_cast<double>(request.cpu_milli);
-      gpu += static_cast<double>(request.gpus) * request.gpu_milli;
+      gpu += static_cast<double>(request.gpus) * request.gpu_milli + mig_milli;
     }
   }
   std::vector<std::pair<int, Key>> ranked;
@@ -177,10 +258,8 @@ void Cluster::set_target_workload(const std::vector<Request>& requests, double c
   for (const auto& [count, key] : ranked) {
     if (covered >= coverage * static_cast<double>(requests.size())) break;
     TaskClass task;
-    task.request.cpu_milli = key.cpu;
-    task.request.gpus = key.gpus;
-    task.request.gpu_milli = key.milli;
-    task.request.models = key.models;
+    task.request = counts_of.at(key);
+    task.request.memory_mib = 0;  // classes are measured by CPU and GPU, as in the paper
     task.weight = count;
     covered += count;
     classes_.push_back(task);
@@ -205,6 +284,11 @@ double Cluster::fragmentation(const Node& node) const {
   mix(static_cast<std::uint64_t>(node.model + 1));
   mix(static_cast<std::uint64_t>(node.cpu_left));
   for (int i = 0; i < node.gpus; ++i) mix(static_cast<std::uint64_t>(sorted[i]) + 7);
+  for (int k = 0; k < node.mig_slots; ++k) {
+    const MigSlot& slot = node.mig[k];
+    mix((std::uint64_t{slot.profile} << 48) | (std::uint64_t{std::uint16_t(slot.free)} << 32) |
+        (std::uint64_t{std::uint16_t(slot.milli)} << 16) | 0x9e37u);
+  }
   {
     std::lock_guard<std::mutex> locked(fragmentation_memo_.mutex);
     if (const auto found = fragmentation_memo_.values.find(key);
@@ -214,28 +298,37 @@ double Cluster::fragmentation(const Node& node) const {
   }
   double amount = 0;
   for (const TaskClass& task : classes_) {
-    const Request& request = task.request;
-    std::int64_t fragment = left;  // by default every idle GPU is a fragment for this class
-    if (request.gpus > 0 && model_allowed(node, request.models)) {
-      int usable = 0;
-      std::int64_t too_small = 0;
-      for (int i = 0; i < node.gpus; ++i) {
-        if (node.takes(i, request.gpu_milli)) {
-          ++usable;
-        } else {
-          too_small += node.gpu_left[i];
-        }
-      }
-      // The class fits: only the GPUs too small for it are fragments.
-      if (usable >= request.gpus && node.cpu_left >= request.cpu_milli) fragment = too_small;
-    }
-    amount += task.weight * static_cast<double>(fragment);
+    amount += task.weight * static_cast<double>(left - usable_by(node, task.request));
   }
   std::lock_guard<std::mutex> locked(fragmentation_memo_.mutex);
   constexpr std::size_t kMostMemoised = 1 << 20;  // a long-lived scheduler meets ever new nodes
   if (fragmentation_memo_.values.size() >= kMostMemoised) fragmentation_memo_.values.clear();
   fragmentation_memo_.values.emplace(key, amount);
   return amount;
+}
+
+// What of the node's free GPU milli a pod of `request` could use: nothing unless it fits (by
+// CPU), else the GPUs large enough for its share and the free MIG devices of its profiles.
+// Everything else free is a fragment for it, MIG devices included for a GPU-sharing pod and
+// shared GPUs for a MIG pod: the two kinds are counted in the same milli-GPU.
+std::int64_t Cluster::usable_by(const Node& node, const Request& request) {
+  if (node.cpu_left < request.cpu_milli || !request.asks_gpu()) return 0;
+  std::int64_t usable = 0;
+  for (int k = 0; k < request.mig_asks; ++k) {
+    const MigSlot* slot = node.mig_slot(request.mig[k].profile);
+    if (slot == nullptr || slot->free < request.mig[k].count) return 0;
+    usable += std::int64_t{slot->free} * slot->milli;
+  }
+  if (request.gpus == 0) return usable;
+  if (!model_allowed(node, request.models)) return 0;
+  int fitting = 0;
+  for (int i = 0; i < node.gpus; ++i) {
+    if (node.takes(i, request.gpu_milli)) {
+      ++fitting;
+      usable += node.gpu_left[i];
+    }
+  }
+  return fitting >= request.gpus ? usable : 0;
 }
 
 double Cluster::fragmentation() const {
@@ -275,6 +368,7 @@ Cluster::Score Cluster::fgd_score(const Node& node, const Request& request, Poli
   best.primary = -1e300;
   Node changed = node;
   changed.cpu_left -= request.cpu_milli;
+  take_mig(changed, request, -1);
   if (request.shares_gpu()) {
     for (int i = 0; i < node.gpus; ++i) {
       if (!node.takes(i, request.gpu_milli)) continue;
@@ -300,7 +394,8 @@ Cluster::Score Cluster::fgd_score(const Node& node, const Request& request, Poli
 
 Cluster::Score Cluster::score(const Node& node, const Request& request, Policy policy) const {
   Score result;
-  const double gpu_request = static_cast<double>(request.gpus) * request.gpu_milli;
+  const double gpu_request = static_cast<double>(request.gpus) * request.gpu_milli +
+                             static_cast<double>(mig_milli_asked(node, request));
   switch (policy) {
     case Policy::random:
       return result;
@@ -326,7 +421,10 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
       return result;
     }
     case Policy::gpu_packing: {
-      if (request.gpus == 0) return result;
+      if (request.gpus == 0) {  // MIG devices where their profile is most in use already
+        result.primary = request.mig_asks > 0 ? mig_packing(node, request) * kMaxScore : 0;
+        return result;
+      }
       const int free_gpus = node.fully_free_gpus();
       if (free_gpus == node.gpus) {  // an idle node: last resort
         result.primary = std::max(std::floor(kMaxScore / 3) - free_gpus, double(free_gpus));
@@ -354,7 +452,7 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
       return result;
     }
     case Policy::gpu_clustering: {
-      if (request.gpus == 0) return result;
+      if (!request.asks_gpu()) return result;
       int kinds = 0;
       for (int kind = 1; kind < 8; ++kind) kinds += node.running_by_kind[kind] > 0;
       const double base = std::floor(
@@ -379,12 +477,50 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
 // least to GPU pods; a GPU-sharing pod goes where a GPU is already partly used, next to other
 // sharing pods, keeping whole GPUs whole. Higher is preferred.
 double Cluster::packing_preference(const Node& node, const Request& request) {
+  if (request.mig_asks > 0) return mig_packing(node, request);
   if (request.gpus == 0) return -static_cast<double>(node.gpu_milli_left());
   if (!request.shares_gpu()) return 0;
   for (int i = 0; i < node.gpus; ++i) {
     if (node.gpu_left[i] > 0 && node.gpu_left[i] < kMilli) return 1;
   }
   return 0;
+}
+
+// A node where the pod's profiles are already most in use: nodes with every device free stay
+// so for pods that ask for several.
+double Cluster::mig_packing(const Node& node, const Request& request) {
+  double packed = 0;
+  for (int k = 0; k < request.mig_asks; ++k) {
+    const MigSlot* slot = node.mig_slot(request.mig[k].profile);
+    if (slot != nullptr && slot->total > 0) {
+      packed += static_cast<double>(slot->total - slot->free + request.mig[k].count) / slot->total;
+    }
+  }
+  return request.mig_asks > 0 ? packed / request.mig_asks : 0;
+}
+
+std::int64_t Cluster::mig_milli_asked(const Node& node, const Request& request) {
+  std::int64_t milli = 0;
+  for (int k = 0; k < request.mig_asks; ++k) {
+    if (const MigSlot* slot = node.mig_slot(request.mig[k].profile); slot != nullptr)
+      milli += std::int64_t{request.mig[k].count} * slot->milli;
+  }
+  return milli;
+}
+
+void Cluster::take_mig(Node& node, const Request& request, int sign) {
+  for (int k = 0; k < request.mig_asks; ++k) {
+    if (MigSlot* slot = node.mig_slot(request.mig[k].profile); slot != nullptr)
+      slot->free = static_cast<std::int16_t>(slot->free + sign * request.mig[k].count);
+  }
+}
+
+int Cluster::mig_free(int node, const std::string& profile) const {
+  const auto found = std::find(mig_profiles_.begin(), mig_profiles_.end(), profile);
+  if (found == mig_profiles_.end()) return 0;
+  const MigSlot* slot =
+      nodes_[node].mig_slot(static_cast<std::uint8_t>(found - mig_profiles_.begin()));
+  return slot == nullptr ? 0 : slot->free;
 }
 
 std::vector<Cluster::CachedScore>& Cluster::fgd_scores_for(const Request& request, Policy policy) {
@@ -394,6 +530,11 @@ std::vector<Cluster::CachedScore>& Cluster::fgd_scores_for(const Request& reques
         static_cast<std::uint64_t>(request.gpu_milli), request.models,
         static_cast<std::uint64_t>(policy == Policy::fgd_balanced)}) {
     key = (key ^ part) * 0x100000001b3ull;
+  }
+  for (int k = 0; k < request.mig_asks; ++k) {
+    key = (key ^
+           ((std::uint64_t{request.mig[k].profile} << 16) | std::uint16_t(request.mig[k].count))) *
+          0x100000001b3ull;
   }
   constexpr std::size_t kMostClasses = 4096;  // a long-lived scheduler sees ever new ones
   if (score_cache_.size() >= kMostClasses && !score_cache_.contains(key)) score_cache_.clear();
@@ -479,6 +620,12 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
 bool Cluster::score_on(int node, const Request& request, Policy policy, double& value) const {
   if (!fits(nodes_[node], request)) return false;
   value = score(nodes_[node], request, policy).primary;
+  if (policy == Policy::fgd_packed || policy == Policy::fgd_balanced) {
+    // Primary scores are whole numbers: the tie-break, squeezed into (-0.4, 0.4), orders
+    // equals without overtaking a better primary.
+    const double tie = packing_preference(nodes_[node], request);
+    value += 0.4 * tie / (1 + std::abs(tie));
+  }
   return true;
 }
 
@@ -502,9 +649,11 @@ void Cluster::allocate(const Request& request, const Placement& placement) {
     node.gpu_left[placement.gpu_index[k]] =
         static_cast<std::int16_t>(node.gpu_left[placement.gpu_index[k]] - request.gpu_milli);
   }
+  take_mig(node, request, -1);
   ++node.running_by_kind[request.kind];
   ++node.version;
   gpu_milli_allocated_ += std::int64_t{request.gpus} * request.gpu_milli;
+  gpu_milli_allocated_ += mig_milli_asked(node, request);
 }
 
 void Cluster::release(const Request& request, const Placement& placement) {
@@ -515,9 +664,11 @@ void Cluster::release(const Request& request, const Placement& placement) {
     node.gpu_left[placement.gpu_index[k]] =
         static_cast<std::int16_t>(node.gpu_left[placement.gpu_index[k]] + request.gpu_milli);
   }
+  take_mig(node, request, 1);
   --node.running_by_kind[request.kind];
   ++node.version;
   gpu_milli_allocated_ -= std::int64_t{request.gpus} * request.gpu_milli;
+  gpu_milli_allocated_ -= mig_milli_asked(node, request);
 }
 
 }  // namespace tessera::sched

@@ -31,6 +31,17 @@ Policy parse_policy(const std::string& name);
 std::string policy_name(Policy policy);
 const std::vector<Policy>& all_policies();
 
+// MIG: profiles are numbered per cluster; a node holds devices of a few of them, a pod asks
+// for a few.
+inline constexpr int kMostMigProfilesPerNode = 8;
+inline constexpr int kMostMigAsks = 4;
+inline constexpr std::uint8_t kUnknownMigProfile = 255;  // a profile no node has: fits nowhere
+
+struct MigAsk {
+  std::uint8_t profile = kUnknownMigProfile;
+  std::int16_t count = 0;
+};
+
 // A pod's request as the engine works with it.
 struct Request {
   std::int64_t cpu_milli = 0;
@@ -38,8 +49,19 @@ struct Request {
   int gpus = 0;
   int gpu_milli = 0;         // per GPU
   std::uint64_t models = 0;  // bit per allowed model; 0: any
-  int kind = 0;              // for clustering: 0 CPU, 1 sharing, 2+ whole GPUs by count
+  int kind = 0;              // for clustering: 0 CPU, 1 sharing, 2-5 whole GPUs, 6 MIG
+  MigAsk mig[kMostMigAsks];  // MIG devices by profile, besides `gpus`
+  int mig_asks = 0;
   bool shares_gpu() const { return gpus == 1 && gpu_milli < kMilli; }
+  bool asks_gpu() const { return gpus > 0 || mig_asks > 0; }
+};
+
+// A node's MIG devices of one profile.
+struct MigSlot {
+  std::uint8_t profile = kUnknownMigProfile;
+  std::int16_t free = 0;  // below 0 when holds overcommit it (pods placed by others)
+  std::int16_t total = 0;
+  std::int16_t milli = 0;  // each device's share of its GPU
 };
 
 struct Node {
@@ -51,7 +73,14 @@ struct Node {
   std::uint16_t whole_only = 0;  // GPUs that take only whole-GPU requests (NodeSpec)
   int running_by_kind[8] = {};
   std::uint32_t version = 0;  // changes whenever the node's allocations do
+  int mig_slots = 0;
+  MigSlot mig[kMostMigProfilesPerNode];  // last: most nodes have none, and place() reads the rest
+  // Free milli-GPU: the GPUs' and the free MIG devices'.
   std::int64_t gpu_milli_left() const;
+  std::int64_t mig_milli_left() const;
+  // The node's slot of a MIG profile, or null.
+  const MigSlot* mig_slot(std::uint8_t profile) const;
+  MigSlot* mig_slot(std::uint8_t profile);
   int fully_free_gpus() const;
   // Whether GPU i can take `milli` of a request now: room, and sharing allowed for a part.
   bool takes(int i, int milli) const {
@@ -76,8 +105,10 @@ class Cluster {
   // GPU models a cluster may have: one bit each in Request::models, and one bit for
   // models no node has.
   static constexpr int kMostModels = 63;
+  static constexpr int kMostMigProfiles = kUnknownMigProfile;
 
-  // Throws std::invalid_argument if the nodes have more than kMostModels GPU models.
+  // Throws std::invalid_argument if the nodes have more than kMostModels GPU models, more than
+  // kMostMigProfiles MIG profiles, or a node more than kMostMigProfilesPerNode of them.
   explicit Cluster(const std::vector<NodeSpec>& nodes);
 
   Request request_for(const PodSpec& pod) const;
@@ -85,8 +116,9 @@ class Cluster {
   // The best node and GPUs for request under policy, or node -1. Among equals the first node
   // wins (under `random`, any feasible node with equal chance).
   Placement place(const Request& request, Policy policy, std::mt19937_64& random);
-  // The same decision restricted to one node: its score (higher is better) if the request
-  // fits there, and the GPUs it would get.
+  // The same decision restricted to one node: its score (higher is better; the policy's
+  // tie-break included, as place() ranks nodes) if the request fits there, and the GPUs it
+  // would get.
   bool score_on(int node, const Request& request, Policy policy, double& score) const;
   Placement place_on(int node, const Request& request, Policy policy, std::mt19937_64& random);
   void allocate(const Request& request, const Placement& placement);
@@ -97,7 +129,10 @@ class Cluster {
   void set_target_workload(const std::vector<PodSpec>& pods, double coverage = 0.95);
   // The same from requests in the engine's terms (the extender's: the pods it holds).
   void set_target_workload(const std::vector<Request>& requests, double coverage = 0.95);
-  // Fragmented milli-GPU of a node, or of the whole cluster, under the target workload.
+  // Free MIG devices of `profile` (as Kubernetes spells it) on a node; 0 where it has none.
+  int mig_free(int node, const std::string& profile) const;
+  // Fragmented milli-GPU of a node, or of the whole cluster, under the target workload: for
+  // each class, the free GPU milli and MIG devices it cannot use, weighted by popularity.
   double fragmentation(const Node& node) const;
   double fragmentation() const;
   // Free milli-GPU of a node that its CPU left cannot feed at the target workload's CPU per
@@ -116,7 +151,17 @@ class Cluster {
   };
   Score score(const Node& node, const Request& request, Policy policy) const;
   Score fgd_score(const Node& node, const Request& request, Policy policy) const;
+  static bool mig_fits(const Node& node, const Request& request);
   static double packing_preference(const Node& node, const Request& request);
+  // The free GPU milli of the node that a pod of `request` could use (0 if it does not fit).
+  static std::int64_t usable_by(const Node& node, const Request& request);
+  // The share of the node's devices of the asked MIG profiles in use once the pod is placed
+  // (0 to 1, averaged over the profiles): higher packs tighter.
+  static double mig_packing(const Node& node, const Request& request);
+  // Milli-GPU of the MIG devices the request asks for, as the node cuts them.
+  static std::int64_t mig_milli_asked(const Node& node, const Request& request);
+  // The request's GPU and MIG asks taken from (sign -1) or given back to (1) the node.
+  static void take_mig(Node& node, const Request& request, int sign);
   void choose_gpus(const Node& node, const Request& request, int shared_gpu,
                    Placement& placement) const;
 
@@ -133,6 +178,8 @@ class Cluster {
   std::vector<Node> nodes_;
   std::unordered_map<std::uint64_t, std::vector<CachedScore>> score_cache_;
   std::vector<std::string> models_;
+  std::vector<std::string> mig_profiles_;
+  std::vector<int> mig_profile_milli_;  // as the first node with the profile cuts it
   std::vector<TaskClass> classes_;
   double cpu_per_gpu_milli_ = 0;  // the target workload's GPU pods: CPU they ask per milli-GPU
   // Fragmentation by node state, filled by const methods, which the extender calls from

@@ -5,12 +5,22 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tessera::sched {
 
 inline constexpr int kMilli = 1000;  // milli-GPU in one GPU
 inline constexpr int kMaxGpusPerNode = 16;
+
+// MIG devices of one profile on a node (the node agent's mixed strategy serves them by
+// profile, as nvidia.com/mig-<profile>).
+struct MigDevices {
+  std::string profile;  // as Kubernetes resources spell it: "1g.10gb", "1g.10gb.me"
+  int count = 0;
+  int milli = 0;  // each device's share of its GPU, in milli-GPU
+  bool operator==(const MigDevices&) const = default;
+};
 
 struct NodeSpec {
   std::string name;
@@ -21,6 +31,7 @@ struct NodeSpec {
   // GPUs that take only whole-GPU pods (a bit each): served whole by the node agent, where a
   // fractional pod's limits could not be enforced.
   std::uint16_t whole_only_gpus = 0;
+  std::vector<MigDevices> mig = {};  // GPUs cut into MIG devices; not among `gpus`
 };
 
 struct PodSpec {
@@ -32,6 +43,7 @@ struct PodSpec {
   std::vector<std::string> models;  // allowed GPU models; empty: any
   std::int64_t creation_time = -1;  // seconds; -1 where the trace has none
   std::int64_t deletion_time = -1;
+  std::vector<std::pair<std::string, int>> mig = {};  // MIG devices asked for, by profile
 
   bool shares_gpu() const { return gpus == 1 && gpu_milli < kMilli; }
   std::int64_t gpu_milli_total() const { return std::int64_t{gpus} * gpu_milli; }
