@@ -6,7 +6,7 @@ JOBS := $(shell nproc)
 # Every Debian package the build and the tests need.
 DEBIAN_PACKAGES := cmake make g++ pkg-config python3 \
   libgtest-dev libgmock-dev libbenchmark-dev \
-  libcli11-dev libfmt-dev nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev openssl \
+  libcli11-dev libfmt-dev nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libssl-dev openssl \
   libyaml-cpp-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
 # Only for the checks CI runs beyond `make test`: libFuzzer (clang) and the format check.
 CHECK_PACKAGES := clang libclang-rt-14-dev clang-format

@@ -238,6 +238,70 @@ TEST(SchedulerHttps, ServesWithACertificateFromFilesThatClientsVerify) {
   EXPECT_TRUE(trusting.Get("/healthz"));
 }
 
+// Whether a fresh connection that trusts only `ca_file` gets /healthz from the replica.
+bool trusted_by(int port, const std::string& ca_file) {
+  httplib::SSLClient client("127.0.0.1", port);
+  client.set_ca_cert_path(ca_file.c_str());
+  client.enable_server_certificate_verification(true);
+  const auto health = client.Get("/healthz");
+  return health && health->status == 200;
+}
+
+// Moves `from` over `to` in one step, as a Secret volume's update or cert-manager does.
+void replace_file(const std::string& from, const std::string& to) {
+  std::filesystem::rename(from, to);
+}
+
+TEST(SchedulerHttps, ARenewedCertificateServesFromTheNextConnectionAndABrokenOneDoesNot) {
+  ScratchDirectory scratch, renewed;
+  make_certificate(scratch);
+  make_certificate(renewed);
+  std::filesystem::copy_file(scratch.file("tls.crt"), scratch.file("first-ca.crt"));
+  FakeCluster cluster;
+  // stderr to a file, to read what the replica says of the renewals.
+  Running replica({"/bin/sh", "-c",
+                   "exec \"$0\" scheduler --listen 127.0.0.1:0 --api-server \"$1\" "
+                   "--tls-cert-file \"$2\" --tls-key-file \"$3\" 2>\"$4\"",
+                   tessera(), cluster.url(), scratch.file("tls.crt"), scratch.file("tls.key"),
+                   scratch.file("stderr")},
+                  Environment{});
+  std::smatch found;
+  const std::string line = replica.read_line();
+  ASSERT_TRUE(std::regex_search(line, found, std::regex(":([0-9]+)$"))) << line;
+  const int port = std::stoi(found[1]);
+  EXPECT_TRUE(trusted_by(port, scratch.file("first-ca.crt")));
+  EXPECT_FALSE(trusted_by(port, renewed.file("tls.crt")));
+
+  // Renewed in place, key first: the next connection gets the new certificate.
+  replace_file(renewed.file("tls.key"), scratch.file("tls.key"));
+  std::filesystem::copy_file(renewed.file("tls.crt"), renewed.file("copy.crt"));
+  replace_file(renewed.file("copy.crt"), scratch.file("tls.crt"));
+  EXPECT_TRUE(trusted_by(port, renewed.file("tls.crt")));
+  EXPECT_FALSE(trusted_by(port, scratch.file("first-ca.crt")));
+
+  // A certificate file that cannot serve (cut short, then of another key) is said and passed
+  // over: the last good pair serves on.
+  std::ofstream(scratch.file("cut.crt")) << "-----BEGIN CERTIFICATE-----\nMIIB\n";
+  replace_file(scratch.file("cut.crt"), scratch.file("tls.crt"));
+  EXPECT_TRUE(trusted_by(port, renewed.file("tls.crt")));
+  std::filesystem::copy_file(scratch.file("first-ca.crt"), scratch.file("other.crt"));
+  replace_file(scratch.file("other.crt"), scratch.file("tls.crt"));
+  EXPECT_TRUE(trusted_by(port, renewed.file("tls.crt")));
+  EXPECT_TRUE(trusted_by(port, renewed.file("tls.crt")));  // and says it once
+  kill(replica.pid(), SIGTERM);
+  EXPECT_EQ(replica.wait(), 0);
+  const std::string said = read_text_file(scratch.file("stderr"));
+  EXPECT_NE(said.find("serving the certificate in " + scratch.file("tls.crt") + " as it is now"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find(scratch.file("tls.crt") + " holds no PEM certificate"), std::string::npos)
+      << said;
+  const std::string mismatch =
+      "the key in " + scratch.file("tls.key") + " is not the certificate's";
+  ASSERT_NE(said.find(mismatch), std::string::npos) << said;
+  EXPECT_EQ(said.find(mismatch, said.find(mismatch) + 1), std::string::npos) << said;
+}
+
 TEST(SchedulerHttps, CertificatesThatCannotServeAreRefusedByName) {
   ScratchDirectory scratch;
   make_certificate(scratch);

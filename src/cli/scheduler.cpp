@@ -12,12 +12,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/serving_certificate.h"
 #include "extender/extender.h"
 #include "kube/api_client.h"
 #include "kube/lease.h"
@@ -71,25 +71,19 @@ kube::LeaseSettings lease_settings(const SchedulerOptions& options) {
   return settings;
 }
 
-// The HTTP server, or with a certificate and key the HTTPS one; refuses files it cannot use.
-std::unique_ptr<httplib::Server> make_server(const SchedulerOptions& options) {
+// The HTTP server, or with a certificate and key the HTTPS one, which serves the files as they
+// are at each handshake (`certificate` holds them); refuses files it cannot use now.
+std::unique_ptr<httplib::Server> make_server(const SchedulerOptions& options,
+                                             std::unique_ptr<ServingCertificate>& certificate) {
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     throw UsageError("--tls-cert-file and --tls-key-file go together");
   }
   if (options.tls_cert_file.empty()) return std::make_unique<httplib::Server>();
-  for (const std::string& file : {options.tls_cert_file, options.tls_key_file}) {
-    if (access(file.c_str(), R_OK) != 0) {
-      throw std::runtime_error(fmt::format("cannot read {}: {}", file, std::strerror(errno)));
-    }
-  }
-  auto server = std::make_unique<httplib::SSLServer>(options.tls_cert_file.c_str(),
-                                                     options.tls_key_file.c_str());
-  if (!server->is_valid()) {
-    throw std::runtime_error(fmt::format(
-        "cannot serve HTTPS with certificate {} and key {}: each must be PEM, and the key the "
-        "certificate's",
-        options.tls_cert_file, options.tls_key_file));
-  }
+  certificate =
+      std::make_unique<ServingCertificate>(options.tls_cert_file, options.tls_key_file, report);
+  auto server = std::make_unique<httplib::SSLServer>(
+      [&certificate](SSL_CTX& context) { return certificate->configure(context); });
+  if (!server->is_valid()) throw std::runtime_error("cannot set up TLS (OpenSSL refused)");
   return server;
 }
 
@@ -123,7 +117,8 @@ int scheduler_command(const SchedulerOptions& options) {
   split_listen_address(options.listen, "--listen", host, port);
   const bool elects = options.leader_elect || options.lease_follow;
   const kube::LeaseSettings lease = elects ? lease_settings(options) : kube::LeaseSettings{};
-  const std::unique_ptr<httplib::Server> serving = make_server(options);
+  std::unique_ptr<ServingCertificate> certificate;  // outlives the server, which asks it
+  const std::unique_ptr<httplib::Server> serving = make_server(options, certificate);
   httplib::Server& server = *serving;
 
   kube::ApiClientOptions api;
