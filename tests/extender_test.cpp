@@ -625,6 +625,40 @@ TEST_F(Extender, FgdMeasuresAgainstThePodsItHoldsAndBalancedPlacementKeepsCpuFor
   EXPECT_EQ(after["fat"], 0);
 }
 
+TEST_F(Extender, FgdAlsoMeasuresAgainstThePodsWaitingForANode) {
+  api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("lean", "16", 2)}});
+  api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("fat", "100", 2)}});
+  ASSERT_TRUE(eventually([&] { return whole_gpus_fit(2, "lean") && whole_gpus_fit(2, "fat"); }));
+  const auto scores = [&](const std::string& name) {
+    nlohmann::json light = pod(name, {{"nvidia.com/gpu", "1"}}, "4");
+    light["metadata"]["annotations"] = {{"tessera.io/policy", "fgd-balanced"}};
+    std::map<std::string, int> by_node;
+    for (const auto& entry : post("prioritize", {{"Pod", light}, {"NodeNames", {"lean", "fat"}}})) {
+      by_node[entry["Host"].get<std::string>()] = entry["Score"].get<int>();
+    }
+    return by_node;
+  };
+  std::map<std::string, int> before = scores("light-0");
+  EXPECT_EQ(before["lean"], before["fat"]);
+  // Eight pods of 10 cores per GPU wait for a node (none bound): they are the workload too.
+  std::vector<nlohmann::json> waiting;
+  for (int i = 0; i < 8; ++i) {
+    waiting.push_back(pod("w" + std::to_string(i), {{"nvidia.com/gpu", "1"}}, "10"));
+    api_.push("pods", {{"type", "ADDED"}, {"object", waiting.back()}});
+  }
+  EXPECT_TRUE(eventually([&] {
+    std::map<std::string, int> now = scores("light-1");
+    return now["lean"] == 10 && now["fat"] == 0;
+  }));
+  // Deleted while waiting, they no longer count.
+  for (const nlohmann::json& gone : waiting)
+    api_.push("pods", {{"type", "DELETED"}, {"object", gone}});
+  EXPECT_TRUE(eventually([&] {
+    std::map<std::string, int> now = scores("light-2");
+    return now["lean"] == now["fat"];
+  }));
+}
+
 TEST_F(Extender, PodsWithoutGpusTakeTheirCpuFromWhatGpuPodsFind) {
   api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("lean", "16", 2)}});
   ASSERT_TRUE(eventually([&] { return whole_gpus_fit(2, "lean"); }));

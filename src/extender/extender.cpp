@@ -133,18 +133,46 @@ void Extender::rebuild_locked() {
 
 void Extender::measure_workload_locked() {
   std::vector<Request> requests;
-  requests.reserve(holds_.size());
+  requests.reserve(holds_.size() + pending_.size());
   for (const auto& [uid, hold] : holds_) {
     if (hold.applied) requests.push_back(hold.request);
   }
+  // A pending pod's share of a GPU in MiB is read against the GPU most nodes have.
+  std::map<std::int64_t, int> memories;
+  for (const auto& [name, info] : nodes_) {
+    if (info.gpu_memory_mib > 0) ++memories[info.gpu_memory_mib];
+  }
+  const auto most =
+      std::max_element(memories.begin(), memories.end(),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  const std::int64_t gpu_memory = most == memories.end() ? 0 : most->first;
+  for (const auto& [uid, pod] : pending_)
+    requests.push_back(request_on(*cluster_, pod, gpu_memory));
   cluster_->set_target_workload(requests);
-  workload_holds_ = holds_.size();
+  workload_pods_ = holds_.size() + pending_.size();
 }
 
 void Extender::measure_workload_if_moved_locked() {
-  const std::size_t moved = holds_.size() > workload_holds_ ? holds_.size() - workload_holds_
-                                                            : workload_holds_ - holds_.size();
-  if (moved >= std::max<std::size_t>(8, workload_holds_ / 10)) measure_workload_locked();
+  const std::size_t now = holds_.size() + pending_.size();
+  const std::size_t moved = now > workload_pods_ ? now - workload_pods_ : workload_pods_ - now;
+  if (moved >= std::max<std::size_t>(8, workload_pods_ / 10)) measure_workload_locked();
+}
+
+void Extender::set_pending_locked(const std::string& uid, std::optional<PodRequest> pod) {
+  if (pod) {
+    pending_[uid] = std::move(*pod);
+  } else {
+    pending_.erase(uid);
+  }
+}
+
+std::optional<PodRequest> Extender::pending_of(const nlohmann::json& pod) {
+  if (finished(pod) || !string_at(pod, "/spec/nodeName"_json_pointer).empty()) return std::nullopt;
+  try {
+    return pod_from_json(pod);
+  } catch (const std::exception&) {  // filter refuses it with the reason when it is asked
+    return std::nullopt;
+  }
 }
 
 void Extender::apply_locked(Hold& hold) {
@@ -590,6 +618,7 @@ HttpReply Extender::answer_bind(const std::string& body) {
     cluster_->allocate(request, hold.placement);
     hold.applied = true;
     holds_[pod_uid] = std::move(hold);
+    pending_.erase(pod_uid);  // held now, not waiting
     own_binds_[pod_uid] = Clock::now();
     measure_workload_if_moved_locked();
   }
@@ -670,11 +699,16 @@ void Extender::replace_nodes(const nlohmann::json& items) {
 
 void Extender::replace_pods(const nlohmann::json& items) {
   std::map<std::string, Hold> holds;
+  std::map<std::string, PodRequest> pending;
   for (const auto& item : items) {
     try {
       const std::string uid = string_at(item, "/metadata/uid"_json_pointer);
       if (uid.empty() || uid.size() > 128) throw std::runtime_error("a pod without metadata.uid");
-      if (auto hold = hold_of(item, uid)) holds[uid] = std::move(*hold);
+      if (auto hold = hold_of(item, uid)) {
+        holds[uid] = std::move(*hold);
+      } else if (auto waiting = pending_of(item)) {
+        pending[uid] = std::move(*waiting);
+      }
     } catch (const std::exception& failure) {
       say(fmt::format("listing {}: skipped an object: {}", collection_path(Resource::pods),
                       failure.what()));
@@ -691,9 +725,11 @@ void Extender::replace_pods(const nlohmann::json& items) {
       continue;
     }
     holds.try_emplace(bound->first, held->second);
+    pending.erase(bound->first);
     ++bound;
   }
   holds_ = std::move(holds);
+  pending_ = std::move(pending);
   rebuild_locked();
 }
 
@@ -728,13 +764,16 @@ void Extender::apply_pod_event(std::string_view type, const nlohmann::json& obje
     throw std::runtime_error(fmt::format("a {} event's pod has no metadata.uid", type));
   }
   std::optional<Hold> hold;
+  std::optional<PodRequest> waiting;
   if (type != "DELETED") hold = hold_of(object, uid);
+  if (type != "DELETED" && !hold) waiting = pending_of(object);
   std::unique_lock<std::shared_mutex> writing(mutex_);
   if (type == "DELETED" || finished(object)) {
     own_binds_.erase(uid);
   } else if (!hold && own_binds_.contains(uid)) {
     return;  // not bound yet: this extender's bind holds its room
   }
+  set_pending_locked(uid, std::move(waiting));
   set_hold_locked(uid, std::move(hold));
 }
 

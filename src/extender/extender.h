@@ -115,10 +115,13 @@ class Extender {
   void apply_locked(Hold& hold);
   void release_locked(Hold& hold);
   void set_hold_locked(const std::string& uid, std::optional<Hold> hold);
-  // FGD's target workload is the pods held now: measured after a rebuild, and again whenever
-  // the count of holds has moved by a tenth (at least 8) since it was last measured.
+  // FGD's target workload is the pods held now and those waiting for a node: measured after a
+  // rebuild, and again whenever their count has moved by a tenth (at least 8) since.
   void measure_workload_locked();
   void measure_workload_if_moved_locked();
+  // What a listed or watched pod waiting for a node asks for, if it can be read.
+  static std::optional<PodRequest> pending_of(const nlohmann::json& pod);
+  void set_pending_locked(const std::string& uid, std::optional<PodRequest> pod);
   // Why the pod cannot go to node (empty if it can); fills request for it.
   std::string refusal_locked(const PodRequest& pod, const std::string& node, Request& request,
                              int& index) const;
@@ -142,7 +145,8 @@ class Extender {
   std::unique_ptr<Cluster> cluster_;
   std::map<std::string, int> index_;
   std::mt19937_64 random_{42};
-  std::size_t workload_holds_ = 0;  // holds when the target workload was last measured
+  std::map<std::string, PodRequest> pending_;  // pods waiting for a node, by UID
+  std::size_t workload_pods_ = 0;  // holds and pending pods when the workload was last measured
 };
 
 }  // namespace tessera::extender
