@@ -269,6 +269,17 @@ class Extender : public ::testing::Test {
     }
     return {{"metadata", nlohmann::json::object()}, {"items", items}};
   }
+  // Prioritize's scores on nodes "lean" and "fat" for a CPU-light pod (one GPU, 4 cores) under
+  // fgd-balanced, chosen by the pod's own annotation.
+  std::map<std::string, int> light_pod_scores(const std::string& name) {
+    nlohmann::json light = pod(name, {{"nvidia.com/gpu", "1"}}, "4");
+    light["metadata"]["annotations"] = {{"tessera.io/policy", "fgd-balanced"}};
+    std::map<std::string, int> by_node;
+    for (const auto& entry : post("prioritize", {{"Pod", light}, {"NodeNames", {"lean", "fat"}}})) {
+      by_node[entry["Host"].get<std::string>()] = entry["Score"].get<int>();
+    }
+    return by_node;
+  }
   nlohmann::json bind(const std::string& name, const std::string& node) {
     return post(
         "bind",
@@ -600,18 +611,8 @@ TEST_F(Extender, FgdMeasuresAgainstThePodsItHoldsAndBalancedPlacementKeepsCpuFor
   api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("fat", "100", 2)}});
   api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("big", "96", 8)}});
   ASSERT_TRUE(eventually([&] { return whole_gpus_fit(8, "big") && whole_gpus_fit(2, "lean"); }));
-  // A CPU-light pod under fgd-balanced, by the pod's own annotation.
-  const auto scores = [&](const std::string& name) {
-    nlohmann::json light = pod(name, {{"nvidia.com/gpu", "1"}}, "4");
-    light["metadata"]["annotations"] = {{"tessera.io/policy", "fgd-balanced"}};
-    std::map<std::string, int> by_node;
-    for (const auto& entry : post("prioritize", {{"Pod", light}, {"NodeNames", {"lean", "fat"}}})) {
-      by_node[entry["Host"].get<std::string>()] = entry["Score"].get<int>();
-    }
-    return by_node;
-  };
   // Nothing held yet: no workload to measure against, and the nodes score alike.
-  std::map<std::string, int> before = scores("light-0");
+  std::map<std::string, int> before = light_pod_scores("light-0");
   EXPECT_EQ(before["lean"], before["fat"]);
   // Eight pods of 10 cores per GPU bound: lean's 16 cores cannot feed both of its GPUs at that
   // ratio, so the CPU-light pod goes there and fat keeps its CPU for CPU-heavy pods.
@@ -620,7 +621,7 @@ TEST_F(Extender, FgdMeasuresAgainstThePodsItHoldsAndBalancedPlacementKeepsCpuFor
     post("filter", {{"Pod", pod(name, {{"nvidia.com/gpu", "1"}}, "10")}, {"NodeNames", {"big"}}});
     ASSERT_EQ(bind(name, "big")["Error"], "") << name;
   }
-  std::map<std::string, int> after = scores("light-1");
+  std::map<std::string, int> after = light_pod_scores("light-1");
   EXPECT_EQ(after["lean"], 10);
   EXPECT_EQ(after["fat"], 0);
 }
@@ -629,16 +630,7 @@ TEST_F(Extender, FgdAlsoMeasuresAgainstThePodsWaitingForANode) {
   api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("lean", "16", 2)}});
   api_.push("nodes", {{"type", "ADDED"}, {"object", gpu_node("fat", "100", 2)}});
   ASSERT_TRUE(eventually([&] { return whole_gpus_fit(2, "lean") && whole_gpus_fit(2, "fat"); }));
-  const auto scores = [&](const std::string& name) {
-    nlohmann::json light = pod(name, {{"nvidia.com/gpu", "1"}}, "4");
-    light["metadata"]["annotations"] = {{"tessera.io/policy", "fgd-balanced"}};
-    std::map<std::string, int> by_node;
-    for (const auto& entry : post("prioritize", {{"Pod", light}, {"NodeNames", {"lean", "fat"}}})) {
-      by_node[entry["Host"].get<std::string>()] = entry["Score"].get<int>();
-    }
-    return by_node;
-  };
-  std::map<std::string, int> before = scores("light-0");
+  std::map<std::string, int> before = light_pod_scores("light-0");
   EXPECT_EQ(before["lean"], before["fat"]);
   // Eight pods of 10 cores per GPU wait for a node (none bound): they are the workload too.
   std::vector<nlohmann::json> waiting;
@@ -647,14 +639,14 @@ TEST_F(Extender, FgdAlsoMeasuresAgainstThePodsWaitingForANode) {
     api_.push("pods", {{"type", "ADDED"}, {"object", waiting.back()}});
   }
   EXPECT_TRUE(eventually([&] {
-    std::map<std::string, int> now = scores("light-1");
+    std::map<std::string, int> now = light_pod_scores("light-1");
     return now["lean"] == 10 && now["fat"] == 0;
   }));
   // Deleted while waiting, they no longer count.
   for (const nlohmann::json& gone : waiting)
     api_.push("pods", {{"type", "DELETED"}, {"object", gone}});
   EXPECT_TRUE(eventually([&] {
-    std::map<std::string, int> now = scores("light-2");
+    std::map<std::string, int> now = light_pod_scores("light-2");
     return now["lean"] == now["fat"];
   }));
 }
