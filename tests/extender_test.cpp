@@ -632,6 +632,10 @@ TEST_F(Extender, FgdAlsoMeasuresAgainstThePodsWaitingForANode) {
   ASSERT_TRUE(eventually([&] { return whole_gpus_fit(2, "lean") && whole_gpus_fit(2, "fat"); }));
   std::map<std::string, int> before = light_pod_scores("light-0");
   EXPECT_EQ(before["lean"], before["fat"]);
+  const auto waiting_now = [&] {
+    return metric(client_->Get("/metrics")->body, "tessera_extender_pods_waiting");
+  };
+  const double waited = waiting_now();
   // Eight pods of 10 cores per GPU wait for a node (none bound): they are the workload too.
   std::vector<nlohmann::json> waiting;
   for (int i = 0; i < 8; ++i) {
@@ -642,6 +646,7 @@ TEST_F(Extender, FgdAlsoMeasuresAgainstThePodsWaitingForANode) {
     std::map<std::string, int> now = light_pod_scores("light-1");
     return now["lean"] == 10 && now["fat"] == 0;
   }));
+  EXPECT_EQ(waiting_now(), waited + 8);
   // Deleted while waiting, they no longer count.
   for (const nlohmann::json& gone : waiting)
     api_.push("pods", {{"type", "DELETED"}, {"object", gone}});
@@ -649,6 +654,7 @@ TEST_F(Extender, FgdAlsoMeasuresAgainstThePodsWaitingForANode) {
     std::map<std::string, int> now = light_pod_scores("light-2");
     return now["lean"] == now["fat"];
   }));
+  EXPECT_EQ(waiting_now(), waited);
 }
 
 TEST_F(Extender, PodsWithoutGpusTakeTheirCpuFromWhatGpuPodsFind) {

@@ -443,6 +443,7 @@ std::string Extender::metrics() {
           const Hold& hold = entry.second;
           return hold.pod.gpus > 0 || !hold.pod.mig.empty();
         }));
+    state.pods_waiting = pending_.size();
   }
   return metrics_.render(state);
 }

@@ -71,11 +71,15 @@ std::string ExtenderMetrics::render(const StateSize& state) const {
       "state.\n"
       "# TYPE tessera_extender_pods_holding_gpus gauge\n"
       "tessera_extender_pods_holding_gpus {}\n"
+      "# HELP tessera_extender_pods_waiting Pods waiting for a node, which FGD's target "
+      "workload counts.\n"
+      "# TYPE tessera_extender_pods_waiting gauge\n"
+      "tessera_extender_pods_waiting {}\n"
       "# HELP tessera_extender_leader 1 if this replica binds: it leads, or runs alone.\n"
       "# TYPE tessera_extender_leader gauge\n"
       "tessera_extender_leader {}\n",
       bind_failures_.load(std::memory_order_relaxed), state.nodes, state.pods_held,
-      state.leading ? 1 : 0));
+      state.pods_waiting, state.leading ? 1 : 0));
   return fmt::to_string(out);
 }
 

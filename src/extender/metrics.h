@@ -17,7 +17,8 @@ enum class Verb { filter, prioritize, bind };
 struct StateSize {
   std::size_t nodes = 0;      // nodes known, with their GPUs
   std::size_t pods_held = 0;  // pods holding GPUs, by their assignments and this extender's binds
-  bool leading = true;        // this replica binds (it leads, or runs without election)
+  std::size_t pods_waiting = 0;  // pods waiting for a node, in FGD's target workload
+  bool leading = true;           // this replica binds (it leads, or runs without election)
 };
 
 class ExtenderMetrics {

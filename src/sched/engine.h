@@ -160,7 +160,7 @@ class Cluster {
   static double mig_packing(const Node& node, const Request& request);
   // Milli-GPU of the MIG devices the request asks for, as the node cuts them.
   static std::int64_t mig_milli_asked(const Node& node, const Request& request);
-  // The request's GPU and MIG asks taken from (sign -1) or given back to (1) the node.
+  // The MIG devices the request asks for, taken from (sign -1) or given back to (1) the node.
   static void take_mig(Node& node, const Request& request, int sign);
   void choose_gpus(const Node& node, const Request& request, int shared_gpu,
                    Placement& placement) const;
