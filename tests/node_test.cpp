@@ -940,12 +940,20 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
       static_cast<double>(saturated.number("end_ns") - saturated.number("begin_ns")) / 1e9;
   EXPECT_LE(static_cast<double>(usage.device_time_ns) / 1e9, 0.5 * seconds + 0.05)
       << "device time beyond a 50 % share";
-  EXPECT_EQ(
-      node.metric(
-          "tessera_container_memory_limit_bytes{namespace=\"default\",pod=\"slice-2\",container="
-          "\"main\",gpu=\"0\",UUID=\"" +
-          simulated_gpu_uuid(0) + "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
-      static_cast<double>(6144ull << 20))
+  // The operator sees its limit on the GPU the scheduler chose for it (FGD picks the GPU by
+  // the pods waiting and held, so either may be chosen).
+  const nlohmann::json assignment =
+      nlohmann::json::parse(cluster.get("pods", "default/slice-2")
+                                ->at("metadata")
+                                .at("annotations")
+                                .value("tessera.io/assignment", std::string("{}")));
+  ASSERT_EQ(assignment.value("gpus", nlohmann::json::array()).size(), 1u) << assignment.dump();
+  const int gpu = assignment["gpus"][0].get<int>();
+  EXPECT_EQ(node.metric("tessera_container_memory_limit_bytes{namespace=\"default\",pod=\"slice-"
+                        "2\",container=\"main\",gpu=\"" +
+                        std::to_string(gpu) + "\",UUID=\"" + simulated_gpu_uuid(gpu) +
+                        "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
+            static_cast<double>(6144ull << 20))
       << node.metrics();
 }
 
