@@ -523,6 +523,14 @@ TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
             nlohmann::json::array({"mig-a"}));
   EXPECT_EQ(filter("big", {{"nvidia.com/mig-3g.40gb", "1"}})["FailedNodes"]["mig-a"],
             "has 0 nvidia.com/mig-3g.40gb free; asks 1");
+  // More profiles than a pod may ask for: refused with them named.
+  nlohmann::json many;
+  for (const char* profile : {"1g.10gb", "1g.10gb.me", "2g.20gb", "3g.40gb", "7g.80gb"})
+    many[std::string("nvidia.com/mig-") + profile] = "1";
+  const std::string crowded = filter("many", many)["FailedNodes"]["mig-a"];
+  EXPECT_NE(crowded.find("asks for 5 MIG profiles (nvidia.com/mig-1g.10gb, "), std::string::npos)
+      << crowded;
+  EXPECT_NE(crowded.find("a pod may ask for at most 4"), std::string::npos) << crowded;
   // Two 1g pods bound: the third finds none free, and the whole GPU still takes a GPU pod.
   filter("m1", {{"nvidia.com/mig-1g.10gb", "1"}});
   filter("m2", {{"nvidia.com/mig-1g.10gb", "1"}});

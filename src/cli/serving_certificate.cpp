@@ -43,6 +43,13 @@ struct FileCloser {
 };
 using File = std::unique_ptr<std::FILE, FileCloser>;
 
+// The file open for reading, or null with `why` naming it.
+File open_pem(const std::string& path, std::string& why) {
+  File file(std::fopen(path.c_str(), "r"));
+  if (!file) why = fmt::format("cannot read {}: {}", path, std::strerror(errno));
+  return file;
+}
+
 }  // namespace
 
 ServingCertificate::ServingCertificate(std::string certificate_file, std::string key_file,
@@ -69,11 +76,8 @@ ServingCertificate::Stamp ServingCertificate::stamp_of(const std::string& path) 
 std::shared_ptr<const ServingCertificate::Pair> ServingCertificate::load(std::string& why) const {
   auto pair = std::make_shared<Pair>();
   ERR_clear_error();
-  const File certificate(std::fopen(certificate_file_.c_str(), "r"));
-  if (!certificate) {
-    why = fmt::format("cannot read {}: {}", certificate_file_, std::strerror(errno));
-    return nullptr;
-  }
+  const File certificate = open_pem(certificate_file_, why);
+  if (!certificate) return nullptr;
   pair->leaf = PEM_read_X509_AUX(certificate.get(), nullptr, nullptr, nullptr);
   if (pair->leaf == nullptr) {
     why = fmt::format("{} holds no PEM certificate ({})", certificate_file_, openssl_error());
@@ -84,11 +88,8 @@ std::shared_ptr<const ServingCertificate::Pair> ServingCertificate::load(std::st
     sk_X509_push(pair->chain, next);
   }
   ERR_clear_error();  // the end of the file reads as an error
-  const File key(std::fopen(key_file_.c_str(), "r"));
-  if (!key) {
-    why = fmt::format("cannot read {}: {}", key_file_, std::strerror(errno));
-    return nullptr;
-  }
+  const File key = open_pem(key_file_, why);
+  if (!key) return nullptr;
   pair->key = PEM_read_PrivateKey(key.get(), nullptr, nullptr, nullptr);
   if (pair->key == nullptr) {
     why = fmt::format("{} holds no PEM private key ({})", key_file_, openssl_error());

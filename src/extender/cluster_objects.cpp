@@ -51,7 +51,12 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       if (devices == gpu.end() || !devices->is_array() || devices->size() > 8) {
         throw std::runtime_error("a MIG GPU's mig_devices must be a list of at most 8");
       }
-      const std::int64_t gpu_memory = integer_field(gpu, "memory_mib", 1, kMostCount);
+      std::int64_t gpu_memory = 0;
+      try {  // its devices are weighed by their share of it
+        gpu_memory = integer_field(gpu, "memory_mib", 1, kMostCount);
+      } catch (const std::runtime_error& error) {
+        throw std::runtime_error(fmt::format("a MIG GPU's {}", error.what()));
+      }
       for (const nlohmann::json& device : *devices) {
         const auto profile = device.is_object() ? device.find("profile") : device.end();
         if (profile == device.end() || !profile->is_string() ||
@@ -64,8 +69,7 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
         try {  // a device is weighed by its share of the GPU's memory
           memory = integer_field(device, "memory_mib", 1, gpu_memory);
         } catch (const std::runtime_error& error) {
-          throw std::runtime_error(fmt::format("MIG device {}: {} (at most the GPU's {} MiB)", name,
-                                               error.what(), gpu_memory));
+          throw std::runtime_error(fmt::format("MIG device {}: {}", name, error.what()));
         }
         std::replace(name.begin(), name.end(), '+', '.');
         auto same =

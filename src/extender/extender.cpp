@@ -1,6 +1,7 @@
 #include "extender/extender.h"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -373,9 +374,13 @@ std::string Extender::refusal_locked(const PodRequest& pod, const std::string& n
       return fmt::format("node has no GPUs Tessera knows of ({})", kGpusAnnotation);
     if (std::string why = model_refusal(pod, info.spec.model); !why.empty()) return why;
   }
-  if (std::count_if(pod.mig.begin(), pod.mig.end(),
-                    [](const auto& ask) { return ask.second > 0; }) > sched::kMostMigAsks) {
-    return fmt::format("asks for more than {} MIG profiles", sched::kMostMigAsks);
+  std::vector<std::string> asked;
+  for (const auto& [profile, count] : pod.mig) {
+    if (count > 0) asked.push_back("nvidia.com/mig-" + profile);
+  }
+  if (asked.size() > static_cast<std::size_t>(sched::kMostMigAsks)) {
+    return fmt::format("asks for {} MIG profiles ({}); a pod may ask for at most {}", asked.size(),
+                       fmt::join(asked, ", "), sched::kMostMigAsks);
   }
   for (const auto& [profile, count] : pod.mig) {
     const int free = cluster_->mig_free(index, profile);

@@ -46,6 +46,11 @@ double sigmoid(double x) {
   return 1.0 / (1.0 + std::exp(-x));
 }
 
+// Tessera's FGD policies break FGD's ties by packing_preference; FGD as published does not.
+bool breaks_ties_by_packing(Policy policy) {
+  return policy == Policy::fgd_packed || policy == Policy::fgd_balanced;
+}
+
 bool model_allowed(const Node& node, std::uint64_t models) {
   return models == 0 || (node.model >= 0 && (models >> node.model) & 1u);
 }
@@ -174,11 +179,8 @@ Request Cluster::request_for(const PodSpec& pod) const {
       request.mig[0] = MigAsk{kUnknownMigProfile, 1};
       break;
     }
-    const auto found = std::find(mig_profiles_.begin(), mig_profiles_.end(), profile);
     MigAsk& ask = request.mig[request.mig_asks++];
-    ask.profile = found == mig_profiles_.end()
-                      ? kUnknownMigProfile
-                      : static_cast<std::uint8_t>(found - mig_profiles_.begin());
+    ask.profile = mig_profile_id(profile);
     ask.count = static_cast<std::int16_t>(std::min(count, 1000));  // more than any node has
   }
   request.kind = kind_of(pod.gpus, pod.gpu_milli, request.mig_asks > 0);
@@ -229,9 +231,8 @@ void Cluster::set_target_workload(const std::vector<Request>& requests, double c
              std::tie(other.cpu, other.gpus, other.milli, other.models, other.mig);
     }
   };
-  std::map<Key, Request> counts_of;
-  std::map<Key, int> counts;
-  double cpu = 0, gpu = 0;  // of the GPU pods
+  std::map<Key, TaskClass> by_key;  // weighed by count until ranked
+  double cpu = 0, gpu = 0;          // of the GPU pods
   for (const Request& request : requests) {
     // CPU-only pods are classes too, as the paper's experiments ran it (isInvolvedCpuPods):
     // an idle GPU is a fragment for a pod that wants none.
@@ -243,25 +244,26 @@ void Cluster::set_target_workload(const std::vector<Request>& requests, double c
       if (ask.profile < mig_profile_milli_.size())
         mig_milli += static_cast<double>(ask.count) * mig_profile_milli_[ask.profile];
     }
-    if (++counts[key] == 1) counts_of[key] = request;
+    TaskClass& task = by_key[key];
+    if (task.weight == 0) {
+      task.request = request;
+      task.request.memory_mib = 0;  // classes are measured by CPU and GPU, as in the paper
+    }
+    ++task.weight;
     if (request.asks_gpu()) {
       cpu += static_cast<double>(request.cpu_milli);
       gpu += static_cast<double>(request.gpus) * request.gpu_milli + mig_milli;
     }
   }
-  std::vector<std::pair<int, Key>> ranked;
-  for (const auto& [key, count] : counts) ranked.emplace_back(count, key);
+  std::vector<TaskClass> ranked;
+  for (const auto& [key, task] : by_key) ranked.push_back(task);
   std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
+                   [](const TaskClass& a, const TaskClass& b) { return a.weight > b.weight; });
   classes_.clear();
   double covered = 0;
-  for (const auto& [count, key] : ranked) {
+  for (const TaskClass& task : ranked) {
     if (covered >= coverage * static_cast<double>(requests.size())) break;
-    TaskClass task;
-    task.request = counts_of.at(key);
-    task.request.memory_mib = 0;  // classes are measured by CPU and GPU, as in the paper
-    task.weight = count;
-    covered += count;
+    covered += task.weight;
     classes_.push_back(task);
   }
   for (TaskClass& task : classes_) task.weight /= covered;
@@ -313,10 +315,10 @@ double Cluster::fragmentation(const Node& node) const {
 // shared GPUs for a MIG pod: the two kinds are counted in the same milli-GPU.
 std::int64_t Cluster::usable_by(const Node& node, const Request& request) {
   if (node.cpu_left < request.cpu_milli || !request.asks_gpu()) return 0;
+  if (!mig_fits(node, request)) return 0;
   std::int64_t usable = 0;
   for (int k = 0; k < request.mig_asks; ++k) {
     const MigSlot* slot = node.mig_slot(request.mig[k].profile);
-    if (slot == nullptr || slot->free < request.mig[k].count) return 0;
     usable += std::int64_t{slot->free} * slot->milli;
   }
   if (request.gpus == 0) return usable;
@@ -515,11 +517,14 @@ void Cluster::take_mig(Node& node, const Request& request, int sign) {
   }
 }
 
-int Cluster::mig_free(int node, const std::string& profile) const {
+std::uint8_t Cluster::mig_profile_id(const std::string& profile) const {
   const auto found = std::find(mig_profiles_.begin(), mig_profiles_.end(), profile);
-  if (found == mig_profiles_.end()) return 0;
-  const MigSlot* slot =
-      nodes_[node].mig_slot(static_cast<std::uint8_t>(found - mig_profiles_.begin()));
+  return found == mig_profiles_.end() ? kUnknownMigProfile
+                                      : static_cast<std::uint8_t>(found - mig_profiles_.begin());
+}
+
+int Cluster::mig_free(int node, const std::string& profile) const {
+  const MigSlot* slot = nodes_[node].mig_slot(mig_profile_id(profile));
   return slot == nullptr ? 0 : slot->free;
 }
 
@@ -583,7 +588,7 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
       }
       candidate = cached.score;
       if (placement.node >= 0 && candidate.primary < best.primary - 1e-9) continue;  // cannot win
-      if (policy != Policy::fgd) candidate.secondary = packing_preference(node, request);
+      if (breaks_ties_by_packing(policy)) candidate.secondary = packing_preference(node, request);
     } else {
       candidate = score(node, request, policy);
     }
@@ -620,7 +625,7 @@ Placement Cluster::place(const Request& request, Policy policy, std::mt19937_64&
 bool Cluster::score_on(int node, const Request& request, Policy policy, double& value) const {
   if (!fits(nodes_[node], request)) return false;
   value = score(nodes_[node], request, policy).primary;
-  if (policy == Policy::fgd_packed || policy == Policy::fgd_balanced) {
+  if (breaks_ties_by_packing(policy)) {
     // Primary scores are whole numbers: the tie-break, squeezed into (-0.4, 0.4), orders
     // equals without overtaking a better primary.
     const double tie = packing_preference(nodes_[node], request);

@@ -151,6 +151,8 @@ class Cluster {
   };
   Score score(const Node& node, const Request& request, Policy policy) const;
   Score fgd_score(const Node& node, const Request& request, Policy policy) const;
+  // A profile's number in this cluster, or kUnknownMigProfile if no node has it.
+  std::uint8_t mig_profile_id(const std::string& profile) const;
   static bool mig_fits(const Node& node, const Request& request);
   static double packing_preference(const Node& node, const Request& request);
   // The free GPU milli of the node that a pod of `request` could use (0 if it does not fit).
