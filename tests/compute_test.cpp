@@ -19,54 +19,17 @@
 
 #include "common/clock.h"
 #include "ledger/ledger.h"
+#include "device_record.h"
 #include "simgpu/sim_machine.h"
 #include "support.h"
 
 namespace tessera::test {
 namespace {
 
-// Attaches `machine` to the simulated GPU the scratch directory's workers ran on.
-void attach_to_device_record(const ScratchDirectory& scratch, sim::Machine& machine) {
-  setenv("TESSERA_SIM_STATE", scratch.file("simgpu").c_str(), 1);
-  setenv("TESSERA_SIM_DEVICES", test::kTestDevice, 1);
-  ErrorText error;
-  EXPECT_TRUE(machine.attach(error)) << error.text;
-}
-
-// The device time `pids` got within [from, to) on device 0, as a fraction of the window.
-double share_of(const ScratchDirectory& scratch, const std::vector<std::int32_t>& pids,
-                std::uint64_t from, std::uint64_t to) {
-  sim::Machine machine;
-  attach_to_device_record(scratch, machine);
-  std::uint64_t busy = 0;
-  for (std::int32_t pid : pids) {
-    const sim::BusyTime record = machine.busy(0, pid, from, to);
-    EXPECT_TRUE(record.complete);
-    busy += record.process_ns;
-  }
-  return static_cast<double>(busy) / static_cast<double>(to - from);
-}
-
-// Keeps a measured figure in the test's report: bench/compute_sweep.sh collects them.
-void report(const std::string& key, double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f", value);
-  ::testing::Test::RecordProperty(key, text);
-}
-
 constexpr std::uint64_t kSettle = 300'000'000;    // the first 0.3 s: costs are being learned
 constexpr std::uint64_t kWindow = 2'000'000'000;  // then a 2-second window
 
 class ComputeShare : public ::testing::TestWithParam<std::tuple<int, const char*, const char*>> {};
-
-// The share a capped group must reach in a window: its share of the time the host let it run,
-// less 5 % of that and a point. The record of what the host withheld (run-queue delay and
-// steal) does not show everything a busy host takes: beside a compiler, 20 us kernels at 90 %
-// have lost up to 3 points more than it explained (84.2 % reached with 96.2 % allowed), on
-// CI and here. A limiter that under-delivers by a tenth still fails.
-double least_share(double percent, double allowed) {
-  return percent * allowed * 0.95 - 1.0;
-}
 
 TEST_P(ComputeShare, AGroupGetsItsShareWhateverItsKernelsAndLaunchPath) {
   ScratchDirectory scratch;
@@ -266,34 +229,13 @@ Finished interactive(const ScratchDirectory& scratch, const Environment& environ
   return done;
 }
 
-// The 99th percentile of the interactive run's completion latency: from each launch call to
-// the end of that kernel in the device's record (so the simulated synchronise's own wake-up
-// jitter on this host is not counted), less the time the host kept the launching thread off
-// the CPU during the launch call (its run-queue delay: the host's doing, not the device's).
-// Only launches `settle_ns` or more after the run began count.
+// The 99th percentile of the interactive run's completion latency (device_record.h), from
+// `settle_ns` on.
 std::uint64_t p99_latency(const ScratchDirectory& scratch, const Finished& done,
                           std::uint64_t settle_ns = 0) {
-  const std::vector<std::uint64_t> launched = done.numbers("launched_ns");
-  const std::vector<std::uint64_t> call_delay = done.numbers("call_delay_ns");
-  EXPECT_EQ(call_delay.size(), launched.size());
-  if (call_delay.size() != launched.size()) return 0;
-  sim::Machine machine;
-  attach_to_device_record(scratch, machine);
-  std::vector<sim::WorkPiece> pieces(launched.size() + 1);
-  const int count =
-      machine.pieces(0, static_cast<std::int32_t>(done.number("pid")), done.number("begin_ns"),
-                     done.number("end_ns"), pieces.data(), static_cast<int>(pieces.size()));
-  EXPECT_EQ(count, static_cast<int>(launched.size()));
-  if (count != static_cast<int>(launched.size())) return 0;
-  std::vector<std::uint64_t> latencies;
-  for (std::size_t i = 0; i < launched.size(); ++i) {
-    if (launched[i] < done.number("begin_ns") + settle_ns) continue;
-    const std::uint64_t latency = pieces[i].end_ns - launched[i];
-    latencies.push_back(latency > call_delay[i] ? latency - call_delay[i] : 0);
-  }
-  std::sort(latencies.begin(), latencies.end());
+  const std::vector<std::uint64_t> latencies = completion_latencies(scratch, done, settle_ns);
   EXPECT_GE(latencies.size(), 200u) << "too few launches to judge a 99th percentile";
-  return latencies.empty() ? 0 : latencies[latencies.size() * 99 / 100];
+  return percentile(latencies, 99);
 }
 
 // The interactive group's latency beside a saturating batch group of `batch_priority`

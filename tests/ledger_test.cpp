@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -611,10 +614,28 @@ TEST(Ledger, ALedgerTruncatedUnderAMemberIsDamageNotSigbus) {
 
 constexpr std::uint64_t kMs = 1'000'000;
 
-Demand open_demand(const ScratchDirectory& scratch, std::uint64_t group) {
+// Two devices' keys, as CUDA and NVML name them.
+const contract::DeviceKey kDevice = [] {
+  contract::DeviceKey key;
+  contract::device_key_from_uuid("GPU-00000000-1111-2222-3333-444444444444", key);
+  return key;
+}();
+const contract::DeviceKey kOtherDevice = [] {
+  contract::DeviceKey key;
+  contract::device_key_from_uuid("MIG-aaaaaaaa-1111-2222-3333-444444444444", key);
+  return key;
+}();
+
+std::string coordination_file(const ScratchDirectory& scratch, const contract::DeviceKey& key) {
+  return scratch.file(std::string(key.text) + ".demand");
+}
+
+Demand open_demand(const ScratchDirectory& scratch, std::uint64_t group,
+                   const contract::DeviceKey& key = kDevice) {
   Demand demand;
   ErrorText error;
-  EXPECT_TRUE(demand.open(scratch.path().c_str(), group, error)) << error.text;
+  EXPECT_TRUE(demand.open(coordination_file(scratch, key).c_str(), key, group, error))
+      << error.text;
   return demand;
 }
 
@@ -623,47 +644,49 @@ TEST(Demand, AGroupSeesOtherGroupsRecentLaunchesButNotItsOwn) {
   Demand first = open_demand(scratch, 11), member = open_demand(scratch, 11),
          other = open_demand(scratch, 22);
   const std::uint64_t now = 1000 * kMs;
-  member.stamp(0, now);
-  EXPECT_FALSE(first.others_active(0, now, 20 * kMs));  // its own group
-  other.stamp(0, now);
-  EXPECT_TRUE(first.others_active(0, now + 20 * kMs, 20 * kMs));
-  EXPECT_FALSE(first.others_active(0, now + 21 * kMs, 20 * kMs));  // no longer wanted
-  EXPECT_FALSE(first.others_active(1, now, 20 * kMs));             // another device
+  member.stamp(now);
+  EXPECT_FALSE(first.others_active(now, 20 * kMs));  // its own group
+  other.stamp(now);
+  EXPECT_TRUE(first.others_active(now + 20 * kMs, 20 * kMs));
+  EXPECT_FALSE(first.others_active(now + 21 * kMs, 20 * kMs));  // no longer wanted
+  EXPECT_FALSE(open_demand(scratch, 11, kOtherDevice).others_active(now, 20 * kMs))
+      << "another device's file";
   // A stamp from before a reboot lies in the future of the new clock: it is not demand.
-  EXPECT_FALSE(first.others_active(0, now - 100'000 * kMs, 20 * kMs));
+  EXPECT_FALSE(first.others_active(now - 100'000 * kMs, 20 * kMs));
 }
 
-TEST(Demand, MembersOfOneLedgerAreOneGroupBesideIt) {
+// A group is known in coordination files by its ledger: every member alike, wherever the file
+// is mounted; another ledger is another group.
+TEST(Demand, MembersOfOneLedgerAreOneGroup) {
   ScratchDirectory scratch;
   const std::string web = scratch.file("web.ledger"), batch = scratch.file("batch.ledger");
   std::ofstream(web) << "a";
   std::ofstream(batch) << "b";
-  Demand first, second, other;
-  ErrorText error;
-  ASSERT_TRUE(first.open_beside(web.c_str(), error)) << error.text;
-  ASSERT_TRUE(second.open_beside(web.c_str(), error)) << error.text;
-  ASSERT_TRUE(other.open_beside(batch.c_str(), error)) << error.text;
-  EXPECT_TRUE(std::ifstream(scratch.file("tessera.demand")).good());
+  const std::uint64_t web_group = group_identity(web.c_str());
+  EXPECT_NE(web_group, 0u);
+  EXPECT_EQ(group_identity(web.c_str()), web_group);
+  EXPECT_NE(group_identity(batch.c_str()), web_group);
+  EXPECT_EQ(group_identity(scratch.file("missing.ledger").c_str()), 0u);
+  Demand first = open_demand(scratch, web_group), second = open_demand(scratch, web_group),
+         other = open_demand(scratch, group_identity(batch.c_str()));
   const std::uint64_t now = 1000 * kMs;
-  second.stamp(0, now);
-  EXPECT_FALSE(first.others_active(0, now, 20 * kMs));
-  EXPECT_TRUE(other.others_active(0, now, 20 * kMs));
-  EXPECT_FALSE(first.open_beside(scratch.file("missing.ledger").c_str(), error));
-  EXPECT_NE(std::string(error.text).find("missing.ledger"), std::string::npos) << error.text;
+  second.stamp(now);
+  EXPECT_FALSE(first.others_active(now, 20 * kMs));
+  EXPECT_TRUE(other.others_active(now, 20 * kMs));
 }
 
 TEST(Demand, SlotsOfGroupsLongGoneAreReused) {
   ScratchDirectory scratch;
   const std::uint64_t then = 1000 * kMs;
   for (std::uint64_t group = 1; group <= kDemandSlots; ++group) {
-    open_demand(scratch, group).stamp(0, then);
+    open_demand(scratch, group).stamp(then);
   }
   Demand late = open_demand(scratch, 9999), watcher = open_demand(scratch, 1);
-  late.stamp(0, then + kMs);  // every slot is taken and recent: no room yet
-  EXPECT_FALSE(watcher.others_active(0, then + kMs, kMs / 2));
+  late.stamp(then + kMs);  // every slot is taken and recent: no room yet
+  EXPECT_FALSE(watcher.others_active(then + kMs, kMs / 2));
   const std::uint64_t later = then + 61'000 * kMs;
-  late.stamp(0, later);  // a minute on, a gone group's slot is taken over
-  EXPECT_TRUE(watcher.others_active(0, later, 20 * kMs));
+  late.stamp(later);  // a minute on, a gone group's slot is taken over
+  EXPECT_TRUE(watcher.others_active(later, 20 * kMs));
 }
 
 TEST(Demand, HighPriorityWorkQueuesBehindHighPriorityWorkStillPending) {
@@ -671,18 +694,18 @@ TEST(Demand, HighPriorityWorkQueuesBehindHighPriorityWorkStillPending) {
   Demand web = open_demand(scratch, 1), chat = open_demand(scratch, 2),
          batch = open_demand(scratch, 3);
   const std::uint64_t now = 200'000 * kMs;
-  EXPECT_EQ(batch.high_work_until(0, now), 0u);  // none ever
-  web.add_high_work(0, now, 2 * kMs, 10);
-  chat.add_high_work(0, now + kMs, 3 * kMs, 10);  // starts when web's is done
-  EXPECT_EQ(batch.high_work_until(0, now), now + 5 * kMs);
-  EXPECT_EQ(batch.high_launch_cost(0), 3 * kMs);  // the latest launch's
-  EXPECT_EQ(batch.high_work_until(1, now), 0u);   // another device
-  web.add_high_work(0, now + 9 * kMs, kMs, 10);   // the device was idle in between
-  EXPECT_EQ(batch.high_work_until(0, now + 9 * kMs), now + 10 * kMs);
+  EXPECT_EQ(batch.high_work_until(now), 0u);  // none ever
+  web.add_high_work(now, 2 * kMs, 10);
+  chat.add_high_work(now + kMs, 3 * kMs, 10);  // starts when web's is done
+  EXPECT_EQ(batch.high_work_until(now), now + 5 * kMs);
+  EXPECT_EQ(batch.high_launch_cost(), 3 * kMs);  // the latest launch's
+  EXPECT_EQ(open_demand(scratch, 3, kOtherDevice).high_work_until(now), 0u);  // another device
+  web.add_high_work(now + 9 * kMs, kMs, 10);   // the device was idle in between
+  EXPECT_EQ(batch.high_work_until(now + 9 * kMs), now + 10 * kMs);
   // After a reboot the old time lies far in the new clock's future: it is not pending work.
-  EXPECT_EQ(batch.high_work_until(0, now - 100'000 * kMs), 0u);
-  chat.add_high_work(0, now - 100'000 * kMs, kMs, 10);
-  EXPECT_EQ(batch.high_work_until(0, now - 100'000 * kMs), now - 99'999 * kMs);
+  EXPECT_EQ(batch.high_work_until(now - 100'000 * kMs), 0u);
+  chat.add_high_work(now - 100'000 * kMs, kMs, 10);
+  EXPECT_EQ(batch.high_work_until(now - 100'000 * kMs), now - 99'999 * kMs);
 }
 
 // Long low-priority work goes only where it ends before high-priority work's next launch,
@@ -695,40 +718,42 @@ TEST(Demand, LongLowPriorityWorkIsPlacedOnlyIntoAGapItFits) {
   // 1 ms of work, then 1 ms idle, and again.
   for (int i = 0; i <= Demand::kMinLongerGaps; ++i) {  // the first launch follows no gap
     if (i % 50 == 0) {
-      EXPECT_FALSE(batch.place_low_work(0, now, now, kMs / 10, 0).placed) << "at launch " << i;
+      EXPECT_FALSE(batch.place_low_work(now, now, kMs / 10, 0).placed) << "at launch " << i;
     }
-    interactive.add_high_work(0, now, kMs, 15);
+    interactive.add_high_work(now, kMs, 15);
     now += 2 * kMs;
   }
-  EXPECT_EQ(batch.high_tolerance_percent(0), 15u);
+  EXPECT_EQ(batch.high_tolerance_percent(), 15u);
   const std::uint64_t idle_since = now - kMs;  // the last launch's work was to end then
-  EXPECT_TRUE(batch.place_low_work(0, idle_since, idle_since, kMs / 2, 0).placed);
+  EXPECT_TRUE(batch.place_low_work(idle_since, idle_since, kMs / 2, 0).placed);
   // Placed work counts: the next must follow it, and the gap holds no more than 1 ms.
-  EXPECT_FALSE(other_batch.place_low_work(0, idle_since, idle_since, kMs * 6 / 10, 0).placed);
-  EXPECT_TRUE(other_batch.place_low_work(0, idle_since, idle_since, kMs * 4 / 10, 0).placed);
-  EXPECT_FALSE(batch.place_low_work(0, idle_since + kMs / 2, idle_since, kMs / 5, 0).placed);
-  EXPECT_FALSE(batch.place_low_work(0, idle_since, idle_since + 2 * kMs, 3 * kMs, 0).placed)
+  EXPECT_FALSE(other_batch.place_low_work(idle_since, idle_since, kMs * 6 / 10, 0).placed);
+  EXPECT_TRUE(other_batch.place_low_work(idle_since, idle_since, kMs * 4 / 10, 0).placed);
+  EXPECT_FALSE(batch.place_low_work(idle_since + kMs / 2, idle_since, kMs / 5, 0).placed);
+  EXPECT_FALSE(batch.place_low_work(idle_since, idle_since + 2 * kMs, 3 * kMs, 0).placed)
       << "longer than any gap seen";
   // A gap longer than every one seen: nothing says when the next launch comes.
-  EXPECT_FALSE(batch.place_low_work(0, idle_since + 3 * kMs, idle_since, kMs / 10, 0).placed);
-  EXPECT_FALSE(batch.place_low_work(1, idle_since, idle_since, kMs / 10, 0).placed)
+  EXPECT_FALSE(batch.place_low_work(idle_since + 3 * kMs, idle_since, kMs / 10, 0).placed);
+  EXPECT_FALSE(open_demand(scratch, 2, kOtherDevice)
+                   .place_low_work(idle_since, idle_since, kMs / 10, 0)
+                   .placed)
       << "another device";
   // A few 5 ms gaps say little of the next; once most recent gaps were that long, work
   // started 2 ms into a gap may run to its fifth.
   std::uint64_t next_idle = now - kMs;
   for (int i = 0; i < Demand::kMinLongerGaps; ++i) {
     if (i % 50 == 0) {
-      EXPECT_FALSE(batch.place_low_work(0, next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed)
+      EXPECT_FALSE(batch.place_low_work(next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed)
           << "after " << i << " long gaps";
     }
-    interactive.add_high_work(0, next_idle + 5 * kMs, kMs, 15);
+    interactive.add_high_work(next_idle + 5 * kMs, kMs, 15);
     next_idle += 6 * kMs;
   }
-  EXPECT_TRUE(batch.place_low_work(0, next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed);
+  EXPECT_TRUE(batch.place_low_work(next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed);
   // One gap that ended early among them, and the same work no longer fits.
-  interactive.add_high_work(0, next_idle + 3 * kMs, kMs, 15);
+  interactive.add_high_work(next_idle + 3 * kMs, kMs, 15);
   next_idle += 4 * kMs;
-  EXPECT_FALSE(batch.place_low_work(0, next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed);
+  EXPECT_FALSE(batch.place_low_work(next_idle + 2 * kMs, next_idle, 2 * kMs, 0).placed);
 }
 
 // Short low-priority work of every group queues on one timeline, whose length is bounded: a
@@ -739,24 +764,25 @@ TEST(Demand, LowPriorityGroupsShareOneBoundedQueue) {
          other_batch = open_demand(scratch, 3);
   const std::uint64_t now = 400'000 * kMs, idle_since = now - kMs / 10;
   constexpr std::uint64_t kUs = kMs / 1000;
-  interactive.add_high_work(0, now - kMs, kMs - kMs / 10, 10);  // no gaps learned yet
-  const Demand::LowPlacement first = batch.place_low_work(0, now, idle_since, 20 * kUs, 50 * kUs);
+  interactive.add_high_work(now - kMs, kMs - kMs / 10, 10);  // no gaps learned yet
+  const Demand::LowPlacement first = batch.place_low_work(now, idle_since, 20 * kUs, 50 * kUs);
   EXPECT_TRUE(first.placed);
   EXPECT_EQ(first.launch_by, UINT64_MAX) << "a late queued launch queues behind less";
-  EXPECT_TRUE(other_batch.place_low_work(0, now, idle_since, 20 * kUs, 50 * kUs).placed);
+  EXPECT_TRUE(other_batch.place_low_work(now, idle_since, 20 * kUs, 50 * kUs).placed);
   // 40 us queued by the two groups: 20 more would make 60.
-  const Demand::LowPlacement full = batch.place_low_work(0, now, idle_since, 20 * kUs, 50 * kUs);
+  const Demand::LowPlacement full = batch.place_low_work(now, idle_since, 20 * kUs, 50 * kUs);
   EXPECT_FALSE(full.placed);
   EXPECT_EQ(full.retry_at, now + 10 * kUs) << "when the queue has run down to room for it";
-  EXPECT_TRUE(batch.place_low_work(0, now + 10 * kUs, idle_since, 20 * kUs, 50 * kUs).placed);
+  EXPECT_TRUE(batch.place_low_work(now + 10 * kUs, idle_since, 20 * kUs, 50 * kUs).placed);
   // Longer than the queue holds, and no gap learned: never placed, and no time to come back.
   const Demand::LowPlacement long_work =
-      other_batch.place_low_work(0, now + 100 * kUs, idle_since, 60 * kUs, 50 * kUs);
+      other_batch.place_low_work(now + 100 * kUs, idle_since, 60 * kUs, 50 * kUs);
   EXPECT_FALSE(long_work.placed);
   EXPECT_EQ(long_work.retry_at, 0u);
-  EXPECT_FALSE(batch.place_low_work(1, now, idle_since, 60 * kUs, 50 * kUs).placed)
+  Demand elsewhere = open_demand(scratch, 2, kOtherDevice);
+  EXPECT_FALSE(elsewhere.place_low_work(now, idle_since, 60 * kUs, 50 * kUs).placed)
       << "another device, the same bound";
-  EXPECT_TRUE(batch.place_low_work(1, now, idle_since, 20 * kUs, 50 * kUs).placed)
+  EXPECT_TRUE(elsewhere.place_low_work(now, idle_since, 20 * kUs, 50 * kUs).placed)
       << "another device's queue is its own";
 }
 
@@ -766,29 +792,87 @@ TEST(Demand, WorkPlacedInAGapMustLaunchBeforeItNoLongerFits) {
   Demand interactive = open_demand(scratch, 1), batch = open_demand(scratch, 2);
   std::uint64_t now = 500'000 * kMs;
   for (int i = 0; i <= Demand::kMinLongerGaps; ++i) {  // 1 ms of work, then 1 ms idle
-    interactive.add_high_work(0, now, kMs, 10);
+    interactive.add_high_work(now, kMs, 10);
     now += 2 * kMs;
   }
   const std::uint64_t idle_since = now - kMs;
   const Demand::LowPlacement placed =
-      batch.place_low_work(0, idle_since + kMs / 10, idle_since, kMs / 2, 0);
+      batch.place_low_work(idle_since + kMs / 10, idle_since, kMs / 2, 0);
   ASSERT_TRUE(placed.placed);
   EXPECT_EQ(placed.launch_by, idle_since + kMs / 2) << "1 ms gap, 0.5 ms of work";
   // The next follows it, and has less time to reach the device.
   const Demand::LowPlacement next =
-      batch.place_low_work(0, idle_since + kMs / 10, idle_since, kMs / 4, 0);
+      batch.place_low_work(idle_since + kMs / 10, idle_since, kMs / 4, 0);
   ASSERT_TRUE(next.placed);
   EXPECT_EQ(next.launch_by, idle_since + 3 * kMs / 4);
 }
 
-TEST(Demand, AFileThatIsNotADemandFileIsRefused) {
+// Every opener verifies the header: a file that is not a coordination file, another device's,
+// or one whose header was written over is refused, naming the file and the fault.
+TEST(Demand, AFileThatIsNotThisDevicesCoordinationFileIsRefusedSayingWhy) {
   ScratchDirectory scratch;
-  std::ofstream(scratch.file("tessera.demand")) << std::string(sizeof(DemandFile), 'x');
+  const std::string path = coordination_file(scratch, kDevice);
   Demand demand;
   ErrorText error;
-  EXPECT_FALSE(demand.open(scratch.path().c_str(), 1, error));
-  EXPECT_NE(std::string(error.text).find("not a Tessera demand file"), std::string::npos)
-      << error.text;
+  auto refusal = [&] {
+    EXPECT_FALSE(demand.open(path.c_str(), kDevice, 1, error));
+    EXPECT_NE(std::string(error.text).find(path), std::string::npos) << error.text;
+    return std::string(error.text);
+  };
+  std::ofstream(path) << std::string(sizeof(DemandFile), 'x');
+  EXPECT_NE(refusal().find("not a coordination file"), std::string::npos);
+  std::filesystem::remove(path);
+  open_demand(scratch, 1, kOtherDevice);  // made for another device, then named as this one
+  std::filesystem::rename(coordination_file(scratch, kOtherDevice), path);
+  EXPECT_NE(refusal().find("of another device"), std::string::npos);
+  std::filesystem::remove(path);
+  open_demand(scratch, 1);
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(offsetof(DemandHeader, device));
+    file << "ffff";  // another device's key, without its checksum
+  }
+  EXPECT_NE(refusal().find("fails its checksum"), std::string::npos);
+  std::ofstream(path, std::ios::trunc) << "short";
+  EXPECT_NE(refusal().find("bytes"), std::string::npos);
+}
+
+// The node agent makes each device's file, and makes whole one written over or cut short, in
+// place: groups that have it mapped (containers that have it mounted) find it whole again.
+TEST(Demand, AFileWrittenOverOrCutShortIsMadeWholeInPlaceForItsUsers) {
+  ScratchDirectory scratch;
+  const std::string path = coordination_file(scratch, kDevice);
+  bool repaired = true;
+  ErrorText error;
+  ASSERT_TRUE(prepare_coordination_file(path.c_str(), kDevice, repaired, error)) << error.text;
+  EXPECT_FALSE(repaired) << "made new, not repaired";
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                std::filesystem::perms::group_read | std::filesystem::perms::group_write |
+                std::filesystem::perms::others_read | std::filesystem::perms::others_write);
+  Demand user = open_demand(scratch, 7), other = open_demand(scratch, 8);
+  struct stat before {};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+  std::ofstream(path, std::ios::in | std::ios::out | std::ios::binary) << "garbage!";
+  EXPECT_FALSE(user.intact());
+  ASSERT_TRUE(prepare_coordination_file(path.c_str(), kDevice, repaired, error)) << error.text;
+  EXPECT_TRUE(repaired);
+  EXPECT_TRUE(user.intact()) << "the header written anew where it was";
+  other.stamp(1000 * kMs);
+  EXPECT_TRUE(user.others_active(1000 * kMs, kMs)) << "still one file between them";
+  // Cut short under its users: a user's next look sees zeroes, and its repair restores the
+  // file's size and header in place, for both.
+  ASSERT_EQ(truncate(path.c_str(), 0), 0);
+  EXPECT_FALSE(user.intact());
+  ASSERT_TRUE(user.repair(error)) << error.text;
+  EXPECT_TRUE(user.intact());
+  EXPECT_TRUE(other.intact());
+  struct stat after {};
+  ASSERT_EQ(stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino) << "the same file, so mounts of it see the repair";
+  EXPECT_EQ(static_cast<std::size_t>(after.st_size), sizeof(DemandFile));
+  other.stamp(2000 * kMs);
+  EXPECT_TRUE(user.others_active(2000 * kMs, kMs));
 }
 
 }  // namespace

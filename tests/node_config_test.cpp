@@ -11,6 +11,9 @@
 #include <map>
 #include <set>
 
+#include "contract/annotations.h"
+#include "contract/host_layout.h"
+#include "contract/variables.h"
 #include "extender/cluster_objects.h"
 #include "ledger/ledger.h"
 #include "node/allocation.h"
@@ -19,7 +22,7 @@
 #include "node/labels.h"
 #include "node/mps.h"
 #include "node/resources.h"
-#include "node/slices.h"
+#include "node/container_grants.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -434,7 +437,7 @@ TEST(NodeResources, MpsReplicasAreServedThroughOneDaemonPerResourceWithNvidiasDe
       "resources: [{name: nvidia.com/gpu, replicas: 3}]}}",
       "several");
   const ResourceMap several_map = build_resource_map(two, several);
-  const SliceGrant grant =
+  const ContainerGrant grant =
       mps_container_grant(two, *several_map.find("nvidia.com/gpu"),
                           {simulated_gpu_uuid(1) + "::0", simulated_gpu_uuid(0) + "::2",
                            simulated_gpu_uuid(1) + "::1"});
@@ -579,7 +582,7 @@ TEST(NodeResources, MigDevicesAreServedPerStrategyWithNvidiasNamesAndIds) {
   EXPECT_EQ(annotation["gpus"][1]["mig_devices"][2]["profile"], "1g.5gb+me");
   // The scheduler leaves MIG GPUs to the kubelet's counts: only GPU 0 is its to place on.
   const nlohmann::json described = {
-      {"metadata", {{"name", "mig-node"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
+      {"metadata", {{"name", "mig-node"}, {"annotations", {{contract::kGpusAnnotation, annotation.dump()}}}}},
       {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "256Gi"}}}}}};
   const extender::NodeInfo info = extender::node_from_json(described);
   EXPECT_EQ(info.spec.gpus, 1);
@@ -618,7 +621,7 @@ TEST(NodeResources, MigDevicesAreServedPerStrategyWithNvidiasNamesAndIds) {
   damaged["gpus"][1]["mig_devices"][0].erase("memory_mib");
   const std::string damaged_profile = damaged["gpus"][1]["mig_devices"][0]["profile"];
   nlohmann::json damaged_node = described;
-  damaged_node["metadata"]["annotations"][kGpusAnnotation] = damaged.dump();
+  damaged_node["metadata"]["annotations"][contract::kGpusAnnotation] = damaged.dump();
   try {
     extender::node_from_json(damaged_node);
     ADD_FAILURE() << "accepted a MIG device without memory_mib";
@@ -818,7 +821,7 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   EXPECT_EQ(annotation["gpus"][3]["healthy"], false);
   // The scheduler reads it: slices on GPUs 0 and 1, GPUs 2 and 3 whole-GPU pods only.
   nlohmann::json node = {
-      {"metadata", {{"name", "gpu-a"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
+      {"metadata", {{"name", "gpu-a"}, {"annotations", {{contract::kGpusAnnotation, annotation.dump()}}}}},
       {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "256Gi"}}}}}};
   extender::NodeInfo info = extender::node_from_json(node);
   EXPECT_EQ(info.spec.gpus, 4);
@@ -846,7 +849,7 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   // Time-sliced GPUs are the kubelet's to count: the scheduler leaves them out.
   const PluginConfig sliced_time =
       parse_plugin_config(read_text_file(example("seed-any.yaml")), "any");
-  node["metadata"]["annotations"][kGpusAnnotation] =
+  node["metadata"]["annotations"][contract::kGpusAnnotation] =
       gpus_annotation(four, build_resource_map(four, sliced_time), health, sliced_time.strategy())
           .dump();
   EXPECT_EQ(extender::node_from_json(node).spec.gpus, 0);
@@ -990,10 +993,11 @@ namespace {
 
 using namespace tessera::node;
 
-// Without an API server (or a scheduler's assignment), a slice gets the config's defaults and
-// a GPU left whole gets no limits; the container's answer carries the hook, its ledger (which
-// holds the limits) and the limits in Tessera's and HAMi's variables.
-TEST(NodeSlices, WithoutAnAssignmentASliceGetsTheConfigsDefaultsAndAWholeGpuNone) {
+// Without an API server a slice gets the config's defaults at Allocate, and a GPU left whole
+// gets no limits; the container's answer carries the hook, its ledger directory (the ledger
+// holds the limits), each device's coordination file and the limits in Tessera's and HAMi's
+// variables.
+TEST(NodeGrants, WithoutAClusterASliceGetsTheConfigsDefaultsAndAWholeGpuNone) {
   ScratchDirectory scratch;
   const Inventory four = machine(4);
   const PluginConfig config = parse_plugin_config(
@@ -1002,54 +1006,124 @@ TEST(NodeSlices, WithoutAnAssignmentASliceGetsTheConfigsDefaultsAndAWholeGpuNone
       "partly");
   const ResourceMap map = build_resource_map(four, config);
   const Resource& gpus = *map.find("nvidia.com/gpu");
-  SliceAllocator slices(
-      nullptr, "node",
-      {scratch.file("lib/hook.so"), scratch.file("lib/ld.so.preload"), scratch.file("containers")},
-      [](const std::string&) {});
-  slices.prepare();
-  EXPECT_EQ(read_text_file(scratch.file("lib/ld.so.preload")),
-            std::string(kContainerHookPath) + "\n");
+  const contract::StateLayout layout(scratch.path());
+  ContainerGrants grants(layout, nullptr, "node", nullptr, [](const std::string&) {});
+  grants.prepare(four);
+  EXPECT_EQ(read_text_file(layout.preload_file()), std::string(contract::kContainerHookPath) + "\n");
+  EXPECT_FALSE(grants.limits_at_pre_start(gpus));
 
-  const SliceGrant slice = slices.grant_for(four, gpus, {simulated_gpu_uuid(1) + "::2"});
+  const ContainerGrant slice = default_grant(four, gpus, {simulated_gpu_uuid(1) + "::2"});
   EXPECT_EQ(slice.gpus, std::vector<int>{1});
   EXPECT_EQ(slice.memory_bytes, std::vector<std::uint64_t>{(40960ull << 20) / 4});
   EXPECT_EQ(slice.cores, std::vector<int>{30});
-  const SliceGrant whole = slices.grant_for(four, gpus, {simulated_gpu_uuid(3)});
+  const ContainerGrant whole = default_grant(four, gpus, {simulated_gpu_uuid(3)});
   EXPECT_EQ(whole.gpus, std::vector<int>{3});
   EXPECT_EQ(whole.memory_bytes, std::vector<std::uint64_t>{kUnlimited});
   EXPECT_EQ(whole.cores, std::vector<int>{0});
-  EXPECT_THROW(slices.grant_for(four, gpus, {"GPU-forged::0"}), AllocationError);
+  EXPECT_THROW(default_grant(four, gpus, {"GPU-forged::0"}), AllocationError);
 
   HealthBoard health(4);
   const ContainerAllocation answer =
-      slices.allocate(four, config, gpus, {simulated_gpu_uuid(1) + "::2"}, health);
-  EXPECT_EQ(answer.envs.at("NVIDIA_VISIBLE_DEVICES"), simulated_gpu_uuid(1));
-  EXPECT_EQ(answer.envs.at("TESSERA_MEMORY_LIMIT"), "0=" + std::to_string((40960ull << 20) / 4));
-  EXPECT_EQ(answer.envs.at("CUDA_DEVICE_MEMORY_LIMIT_0"), "10240m");
-  EXPECT_EQ(answer.envs.at("TESSERA_CORE_LIMIT"), "0=30");
-  EXPECT_EQ(answer.envs.at("TESSERA_LEDGER"), kContainerLedgerFile);
+      grants.allocate(four, config, gpus, {simulated_gpu_uuid(1) + "::2"}, health);
+  EXPECT_EQ(answer.envs.at(contract::kVisibleDevicesVariable), simulated_gpu_uuid(1));
+  EXPECT_EQ(answer.envs.at(contract::kMemoryLimitVariable),
+            "0=" + std::to_string((40960ull << 20) / 4));
+  EXPECT_EQ(answer.envs.at(std::string(contract::kHamiMemoryLimitVariable) + "_0"), "10240m");
+  EXPECT_EQ(answer.envs.at(contract::kCoreLimitVariable), "0=30");
+  EXPECT_EQ(answer.envs.at(contract::kLedgerVariable), contract::kContainerLedgerPath);
   std::map<std::string, std::pair<std::string, bool>> mounts;
   for (const MountSpec& mount : answer.mounts)
     mounts[mount.container_path] = {mount.host_path, mount.read_only};
-  EXPECT_EQ(mounts.at("/etc/ld.so.preload"),
-            std::make_pair(scratch.file("lib/ld.so.preload"), true));
-  EXPECT_EQ(mounts.at(kContainerHookPath), std::make_pair(scratch.file("lib/hook.so"), true));
-  const std::string directory = mounts.at(kContainerLedgerDir).first;
-  EXPECT_FALSE(mounts.at(kContainerLedgerDir).second);
+  EXPECT_EQ(mounts.at(contract::kContainerPreloadPath), std::make_pair(layout.preload_file(), true));
+  EXPECT_EQ(mounts.at(contract::kContainerHookPath), std::make_pair(layout.hook_library(), true));
+  contract::DeviceKey key;
+  ASSERT_TRUE(contract::device_key_from_uuid(simulated_gpu_uuid(1).c_str(), key));
+  EXPECT_EQ(mounts.at(contract::container_coordination_file(key)),
+            std::make_pair(layout.coordination_file(key), false))
+      << "the device's one coordination file, shared by every container on it";
+  EXPECT_TRUE(fs::exists(layout.coordination_file(key)));
+  const std::string directory = mounts.at(contract::kContainerGroupDirectory).first;
+  EXPECT_FALSE(mounts.at(contract::kContainerGroupDirectory).second);
+  EXPECT_TRUE(fs::exists(directory + "/" + contract::kCoordinationDirectoryName + "/" + key.text +
+                         contract::kCoordinationSuffix))
+      << "its mount point";
   ledger::Ledger ledger;
   ErrorText error;
-  ASSERT_TRUE(ledger.open((directory + "/group.ledger").c_str(), error)) << error.text;
+  ASSERT_TRUE(ledger.open((directory + "/" + contract::kLedgerFileName).c_str(), error))
+      << error.text;
   EXPECT_EQ(ledger.usage(0).limit, (40960ull << 20) / 4);
   EXPECT_EQ(ledger.usage(0).cores, 30u);
   // A slice on a failed GPU is refused with the reason.
   health.record_error(1, "XID 79", HealthBoard::Clock::now());
   try {
-    slices.allocate(four, config, gpus, {simulated_gpu_uuid(1) + "::3"}, health);
+    grants.allocate(four, config, gpus, {simulated_gpu_uuid(1) + "::3"}, health);
     ADD_FAILURE() << "a slice on an unhealthy GPU was granted";
   } catch (const AllocationError& refused) {
     EXPECT_NE(std::string(refused.what()).find("is unhealthy (XID 79)"), std::string::npos)
         << refused.what();
   }
+}
+
+// A pod's container gets its own limits: its memory in MiB, else a percentage of each GPU,
+// else the scheduler's share; its cores; whole GPUs for a count alone; gpushare's GiB; and its
+// priority from HAMi's nvidia.com/priority or tessera.io/priority, HAMi's default (low) else.
+TEST(NodeGrants, APodsContainerGetsItsOwnLimitsAndPriority) {
+  const Inventory two = machine(2);
+  const std::uint64_t total = 40960ull << 20;
+  auto pod_with = [](const std::string& limits, const std::string& annotations = "{}") {
+    return kube::pod_from_json(nlohmann::json::parse(
+        R"({"metadata": {"name": "p", "namespace": "ml", "annotations": )" + annotations +
+        R"(}, "spec": {"containers": [{"name": "a", "resources": {"limits": )" + limits +
+        R"(}}, {"name": "b", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}})"));
+  };
+  const kube::PodRequest memory = pod_with(
+      R"({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 40,
+          "nvidia.com/priority": 0})");
+  const ContainerGrant first = pod_grant(two, {1}, memory, memory.containers[0], 500);
+  EXPECT_EQ(first.memory_bytes, std::vector<std::uint64_t>{3000ull << 20});
+  EXPECT_EQ(first.cores, std::vector<int>{40});
+  EXPECT_EQ(first.priority, Priority::high);
+  // Its neighbour in the pod asks for a GPU alone: the whole GPU, HAMi's default priority.
+  const ContainerGrant second = pod_grant(two, {0}, memory, memory.containers[1], 500);
+  EXPECT_EQ(second.memory_bytes, std::vector<std::uint64_t>{kUnlimited});
+  EXPECT_EQ(second.priority, Priority::low);
+  const kube::PodRequest percent = pod_with(R"({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25})",
+                                            R"({"tessera.io/priority": "high"})");
+  const ContainerGrant quarter = pod_grant(two, {0}, percent, percent.containers[0], 0);
+  EXPECT_EQ(quarter.memory_bytes, std::vector<std::uint64_t>{total / 100 * 25});
+  EXPECT_EQ(quarter.priority, Priority::high);
+  const kube::PodRequest cores = pod_with(R"({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 30})");
+  EXPECT_EQ(pod_grant(two, {0}, cores, cores.containers[0], 300).memory_bytes,
+            std::vector<std::uint64_t>{total / 1000 * 300})
+      << "the scheduler's share";
+  // Both sources: the lower wins.
+  const kube::PodRequest both = pod_with(R"({"nvidia.com/gpu": 1, "nvidia.com/priority": 0})",
+                                         R"({"tessera.io/priority": "low"})");
+  EXPECT_EQ(pod_grant(two, {0}, both, both.containers[0], 0).priority, Priority::low);
+  const kube::PodRequest gpushare = kube::pod_from_json(nlohmann::json::parse(
+      R"({"metadata": {"name": "g"}, "spec": {"containers": [{"name": "c",
+          "resources": {"limits": {"aliyun.com/gpu-mem": 4}}}]}})"));
+  EXPECT_EQ(gpushare.gpus, 1);
+  EXPECT_EQ(gpushare.gpumem_mib, 4096);
+  EXPECT_EQ(pod_grant(two, {1}, gpushare, gpushare.containers[0], 0).memory_bytes,
+            std::vector<std::uint64_t>{4ull << 30});
+  EXPECT_THROW(pod_with(R"({"nvidia.com/gpu": 1})", R"({"tessera.io/priority": "urgent"})"),
+               std::runtime_error);
+}
+
+// The scheduler names a pod's GPUs by UUID where it can, else by its numbering; a GPU not on
+// this node names none.
+TEST(NodeGrants, AnAssignmentsGpusAreFoundByUuidElseByTheSchedulersNumbering) {
+  const Inventory four = machine(4);
+  kube::RecordedAssignment record{"node", {1, 0}, {}, 250};
+  const std::vector<std::string> numbering = {simulated_gpu_uuid(2), simulated_gpu_uuid(3)};
+  EXPECT_EQ(assigned_gpus(four, record, numbering, 0, 2), (std::vector<int>{3, 2}));
+  EXPECT_EQ(assigned_gpus(four, record, numbering, 1, 1), (std::vector<int>{2}));
+  EXPECT_TRUE(assigned_gpus(four, record, numbering, 1, 2).empty()) << "past its GPUs";
+  record.uuids = {simulated_gpu_uuid(0), simulated_gpu_uuid(1)};
+  EXPECT_EQ(assigned_gpus(four, record, numbering, 0, 2), (std::vector<int>{0, 1}));
+  record.uuids[1] = "GPU-elsewhere";
+  EXPECT_TRUE(assigned_gpus(four, record, numbering, 0, 2).empty());
 }
 
 }  // namespace

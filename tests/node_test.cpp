@@ -16,7 +16,11 @@
 #include <set>
 #include <thread>
 
+#include "contract/annotations.h"
+#include "contract/layout.h"
+#include "contract/variables.h"
 #include "fake_cluster.h"
+#include "node_process.h"
 #include "ledger/ledger.h"
 #include "support.h"
 #include "test_kubelet.h"
@@ -27,19 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-
-constexpr const char* kTwoGpus = "H100,context=0,numa=0;H100,context=0,numa=1";
-
-std::string example(const std::string& name) {
-  return std::string(TESSERA_SOURCE_DIR) + "/examples/node-configs/" + name;
-}
-
-// Replaces a file at once, as kubectl's ConfigMap update or an editor's save does.
-void write_config(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  std::ofstream(temporary) << text;
-  fs::rename(temporary, path);
-}
 
 // NVIDIA's MPS config for nvidia.com/gpu under `root`, the resource's other fields as given.
 std::string mps_config(const std::string& root, const std::string& resource_fields) {
@@ -53,111 +44,12 @@ std::string replicas_config(int replicas, const std::string& extra = "") {
          "\n";
 }
 
-// A tessera node process on a private simulated machine; its log goes to a file.
-class NodeProcess {
- public:
-  NodeProcess(const ScratchDirectory& scratch, const std::vector<std::string>& extra,
-              const Environment& environment)
-      : log_(scratch.file("node.log")) {
-    std::vector<std::string> argv = {"/bin/sh",
-                                     "-c",
-                                     "exec \"$0\" \"$@\" 2>>\"$TESSERA_TEST_LOG\"",
-                                     tessera(),
-                                     "node",
-                                     "--node-name",
-                                     "gpu-node",
-                                     "--device-plugin-dir",
-                                     scratch.file("dp"),
-                                     "--state-dir",
-                                     scratch.file("state"),
-                                     "--metrics-listen",
-                                     "127.0.0.1:0"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    Environment env = environment;
-    env["TESSERA_TEST_LOG"] = log_;
-    process_ = std::make_unique<Running>(argv, env);
-    started_ = process_->read_line() == "tessera node: serving";
-    std::smatch port;
-    const std::string text = log();
-    if (std::regex_search(text, port, std::regex("metrics on http://127.0.0.1:([0-9]+)/metrics"))) {
-      metrics_port_ = std::stoi(port[1]);
-    }
-  }
-  // A clean stop is part of every test: a sanitizer's report in the agent exits otherwise.
-  ~NodeProcess() {
-    if (!stopped_) {
-      EXPECT_EQ(stop(), 0) << log();
-    }
-  }
-  bool started() const { return started_; }
-  std::string log() const { return read_text_file(log_); }
-  // Stops it as the kubelet's SIGTERM does; its exit status.
-  // A stop that takes longer than 20 s is a hang: killed, and the test fails saying so.
-  int stop() {
-    if (stopped_) return status_;
-    stopped_ = true;
-    kill(process_->pid(), SIGTERM);
-    status_ = process_->wait_for(std::chrono::seconds(20));
-    if (status_ < 0) {
-      ADD_FAILURE() << "tessera node did not stop within 20 s of SIGTERM\n" << log();
-      process_->kill_hard();
-      status_ = process_->wait();
-    }
-    return status_;
-  }
-  std::string metrics() const {
-    httplib::Client client("127.0.0.1", metrics_port_);
-    const auto answer = client.Get("/metrics");
-    return answer && answer->status == 200 ? answer->body : std::string();
-  }
-  // The value of one sample (its name and labels as written), or -1.
-  double metric(const std::string& sample) const {
-    const std::string text = metrics();
-    const std::size_t at = text.find("\n" + sample + " ");
-    if (at == std::string::npos) return -1;
-    return std::stod(text.substr(at + sample.size() + 2));
-  }
-
- private:
-  std::string log_;
-  std::unique_ptr<Running> process_;
-  bool started_ = false, stopped_ = false;
-  int status_ = -1;
-  int metrics_port_ = 0;
-};
-
-Environment machine(const ScratchDirectory& scratch, const std::string& devices = kTwoGpus,
-                    const Environment& extra = {}) {
-  Environment env = unhooked(scratch, {{"TESSERA_SIM_DEVICES", devices}});
-  for (const auto& [key, value] : extra) env[key] = value;
-  return env;
-}
-
 void raise_event(const Environment& env, int device, const std::vector<std::string>& event) {
   std::vector<std::string> argv = {tessera(), "simgpu", "event", "--device",
                                    std::to_string(device)};
   argv.insert(argv.end(), event.begin(), event.end());
   const Finished done = run(argv, env);
   ASSERT_EQ(done.exit_code, 0) << done.err;
-}
-
-std::set<std::string> ids_of(const TestKubelet::Devices& devices) {
-  std::set<std::string> ids;
-  for (const auto& [id, state] : devices) ids.insert(id);
-  return ids;
-}
-
-std::set<std::string> simulated_replica_ids(const std::vector<int>& gpus, int replicas) {
-  std::set<std::string> ids;
-  for (const int gpu : gpus) {
-    for (int i = 0; i < replicas; ++i)
-      ids.insert(simulated_gpu_uuid(gpu) + "::" + std::to_string(i));
-  }
-  return ids;
-}
-
-auto has_ids(const std::set<std::string>& wanted) {
-  return [wanted](const TestKubelet::Devices& devices) { return ids_of(devices) == wanted; };
 }
 
 TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
@@ -755,25 +647,6 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
       10s));
 }
 
-// What a container runtime would do with an Allocate answer, for a process on this machine:
-// the environment, with container paths the mounts map read at their host paths, the hook
-// preloaded (as /etc/ld.so.preload would), and the GPUs NVIDIA_VISIBLE_DEVICES names.
-Environment container_environment(const v1beta1::ContainerAllocateResponse& answer,
-                                  const Environment& host) {
-  Environment env = host;
-  std::map<std::string, std::string> mounts;
-  for (const auto& mount : answer.mounts()) mounts[mount.container_path()] = mount.host_path();
-  for (const auto& [name, value] : answer.envs()) {
-    std::string mapped = value;
-    for (const auto& [inside, outside] : mounts) {
-      if (value.rfind(inside + "/", 0) == 0) mapped = outside + value.substr(inside.size());
-    }
-    env[name] = mapped;
-  }
-  env["LD_PRELOAD"] = mounts.at("/usr/local/lib/tessera/libtessera-cuda.so");
-  env["CUDA_VISIBLE_DEVICES"] = answer.envs().at("NVIDIA_VISIBLE_DEVICES");
-  return env;
-}
 
 // MPS pins memory per process: a container of three clients could take three replicas' worth.
 // The hook's ledger holds the container to its replica's share across all its processes.
@@ -794,22 +667,31 @@ TEST(Node, AnMpsContainerIsHeldToItsReplicasMemoryAcrossAllItsProcesses) {
   ASSERT_TRUE(kubelet.allocate("nvidia.com/gpu", {{*replicas.begin()}}, response).ok())
       << node.log();
   const auto& container = response.container_responses(0);
-  EXPECT_EQ(container.envs().at("TESSERA_MEMORY_LIMIT"), "0=" + std::to_string(share));
-  EXPECT_EQ(container.envs().count("TESSERA_CORE_LIMIT"), 0u);  // MPS's thread share holds
-  const Environment inside = container_environment(container, env);
-  Environment mps_alone = env;  // the same container as NVIDIA's plugin would give it
-  mps_alone["CUDA_MPS_PIPE_DIRECTORY"] = container.envs().at("CUDA_MPS_PIPE_DIRECTORY");
-  mps_alone["CUDA_VISIBLE_DEVICES"] = container.envs().at("NVIDIA_VISIBLE_DEVICES");
+  EXPECT_EQ(container.envs().at(contract::kMemoryLimitVariable), "0=" + std::to_string(share));
+  EXPECT_EQ(container.envs().count(contract::kCoreLimitVariable), 0u);  // MPS's thread share
+  TestKubelet::AdmittedContainer admitted{"main", {}, {container}};
+  const ContainerSpec inside = container_spec(admitted);
+  ContainerSpec mps_alone;  // the same container as NVIDIA's plugin would give it
+  for (const char* name : {"CUDA_MPS_PIPE_DIRECTORY", contract::kVisibleDevicesVariable}) {
+    mps_alone.envs[name] = container.envs().at(name);
+  }
+  for (const ContainerSpec::Mount& mount : inside.mounts) {
+    if (mount.container.rfind(contract::kContainerGroupDirectory, 0) != 0 &&
+        mount.container != contract::kContainerPreloadPath &&
+        mount.container != contract::kContainerHookPath) {
+      mps_alone.mounts.push_back(mount);
+    }
+  }
 
   // Three clients, each asking for 40 % of the share (MPS lets each have all of it), started
   // one after another and holding what they got.
   const std::string each = std::to_string(share * 2 / 5);
-  auto three_clients = [&](const Environment& environment) {
+  auto three_clients = [&](const ContainerSpec& spec) {
     std::vector<std::unique_ptr<Running>> clients;
     std::vector<std::string> results;
     for (int i = 0; i < 3; ++i) {
       clients.push_back(
-          std::make_unique<Running>(std::vector<std::string>{worker(), "hold", each}, environment));
+          std::make_unique<Running>(in_container(scratch, spec, {worker(), "hold", each}), env));
       results.push_back(clients.back()->read_line());
     }
     for (auto& client : clients) {
@@ -826,7 +708,8 @@ TEST(Node, AnMpsContainerIsHeldToItsReplicasMemoryAcrossAllItsProcesses) {
       << node.log();
   // What the clients held went back with them: one process has the whole share again, less
   // what MPS counts for its context.
-  const Finished filled = run({worker(), "fill", std::to_string(64ull << 20)}, inside);
+  const Finished filled =
+      run(in_container(scratch, inside, {worker(), "fill", std::to_string(64ull << 20)}), env);
   ASSERT_EQ(filled.exit_code, 0) << filled.err;
   EXPECT_EQ(filled.number("total"), share);
   EXPECT_LE(filled.number("allocated") + filled.number("driver_used"), share);
@@ -839,6 +722,10 @@ TEST(Node, AnMpsContainerIsHeldToItsReplicasMemoryAcrossAllItsProcesses) {
       << metrics;
 }
 
+// A slice pod placed by tessera scheduler and admitted by the kubelet: its container, started
+// with /etc/ld.so.preload as a runtime would, sees its pod's memory and is refused past it, and
+// its launches are held to its cores; the operator sees its limit on the GPU the scheduler
+// chose. Three pods of different sizes, admitted one after another in the order created.
 TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   ScratchDirectory scratch;
   FakeCluster cluster;
@@ -855,83 +742,44 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   ASSERT_TRUE(cluster.wait_for(
       "nodes", "gpu-node",
       [](const nlohmann::json& object) {
-        return object["metadata"]["annotations"].contains("tessera.io/gpus");
+        return object["metadata"]["annotations"].contains(contract::kGpusAnnotation);
       },
       10s));
-
-  // The scheduler, as kube-scheduler calls it: filter, then bind, reading the node the agent
-  // annotated.
-  Running scheduler(
-      {tessera(), "scheduler", "--listen", "127.0.0.1:0", "--api-server", cluster.url()}, env);
-  std::smatch listening;
-  const std::string line = scheduler.read_line();
-  ASSERT_TRUE(std::regex_search(line, listening, std::regex(":([0-9]+)$"))) << line;
-  httplib::Client extender("127.0.0.1", std::stoi(listening[1]));
-  // Three pods of different sizes at once.
+  SchedulerProcess scheduler(cluster, env);
   const std::vector<std::pair<int, int>> asks = {{2048, 30}, {4096, 0}, {6144, 50}};
+  std::vector<std::vector<TestKubelet::AdmittedContainer>> admitted(asks.size());
   for (std::size_t i = 0; i < asks.size(); ++i) {
     const std::string name = "slice-" + std::to_string(i);
     cluster.put("pods", gpu_pod(name, 1, asks[i].first, asks[i].second));
+    std::string why;
+    ASSERT_EQ(scheduler.schedule(*cluster.get("pods", "default/" + name), {"gpu-node"}, why),
+              "gpu-node")
+        << why;
     const nlohmann::json pod = *cluster.get("pods", "default/" + name);
-    const nlohmann::json args{{"Pod", pod}, {"Nodes", nullptr}, {"NodeNames", {"gpu-node"}}};
-    const auto filtered = extender.Post("/filter", args.dump(), "application/json");
-    ASSERT_TRUE(filtered && filtered->status == 200);
-    ASSERT_EQ(nlohmann::json::parse(filtered->body)["NodeNames"], nlohmann::json({"gpu-node"}))
-        << filtered->body;
-    const nlohmann::json bind{{"PodName", name},
-                              {"PodNamespace", "default"},
-                              {"PodUID", pod["metadata"]["uid"]},
-                              {"Node", "gpu-node"}};
-    const auto bound = extender.Post("/bind", bind.dump(), "application/json");
-    ASSERT_TRUE(bound && bound->status == 200 && nlohmann::json::parse(bound->body)["Error"] == "")
-        << bound->body;
+    ASSERT_TRUE(kubelet.admit(kubelet_pod(pod), admitted[i]).ok()) << node.log();
+    ASSERT_TRUE(kubelet.start("default", name, "main").ok()) << node.log();
   }
-  // The kubelet admits them: three Allocates at once, one slice each.
-  std::vector<v1beta1::AllocateResponse> answers(asks.size());
-  std::vector<grpc::Status> statuses(asks.size());
-  std::vector<std::thread> admitting;
-  for (std::size_t i = 0; i < asks.size(); ++i) {
-    admitting.emplace_back([&, i] {
-      statuses[i] = kubelet.allocate(
-          "nvidia.com/gpu", {{simulated_gpu_uuid(0) + "::" + std::to_string(i)}}, answers[i]);
-    });
-  }
-  for (std::thread& thread : admitting) thread.join();
-  std::set<std::string> limits;
-  for (std::size_t i = 0; i < asks.size(); ++i) {
-    ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message() << "\n" << node.log();
-    limits.insert(answers[i].container_responses(0).envs().at("TESSERA_MEMORY_LIMIT"));
-  }
-  // Each pod was given its own slice once: three different limits, each a pod's.
-  EXPECT_EQ(limits, (std::set<std::string>{"0=" + std::to_string(2048ull << 20),
-                                           "0=" + std::to_string(4096ull << 20),
-                                           "0=" + std::to_string(6144ull << 20)}));
-  for (std::size_t i = 0; i < asks.size(); ++i) {
-    const nlohmann::json pod = *cluster.get("pods", "default/slice-" + std::to_string(i));
-    EXPECT_EQ(pod["metadata"]["annotations"].value("tessera.io/allocated", std::string()), "main");
-  }
-
   // The 6 GiB, 50 % pod's container: its process sees 6 GiB and is refused past it.
-  const auto big = std::find_if(answers.begin(), answers.end(), [](const auto& answer) {
-    return answer.container_responses(0).envs().at("TESSERA_MEMORY_LIMIT") ==
-           "0=" + std::to_string(6144ull << 20);
-  });
-  const v1beta1::ContainerAllocateResponse& container = big->container_responses(0);
-  EXPECT_EQ(container.envs().at("TESSERA_CORE_LIMIT"), "0=50");
-  EXPECT_EQ(container.envs().at("CUDA_DEVICE_MEMORY_LIMIT_0"), "6144m");
-  EXPECT_EQ(container.envs().at("CUDA_DEVICE_SM_LIMIT_0"), "50");
-  const Environment inside = container_environment(container, env);
-  const Finished filled = run({worker(), "fill", std::to_string(64ull << 20)}, inside);
-  ASSERT_EQ(filled.exit_code, 0) << filled.err;
+  const ContainerSpec container = container_spec(admitted[2][0]);
+  EXPECT_EQ(container.envs.count("LD_PRELOAD"), 0u);
+  const Finished filled =
+      run(in_container(scratch, container, {worker(), "fill", std::to_string(64ull << 20)}), env);
+  ASSERT_EQ(filled.exit_code, 0) << filled.err << node.log();
   EXPECT_EQ(filled.number("total"), 6144ull << 20);
   EXPECT_EQ(filled.number("allocated"), 6144ull << 20);
   EXPECT_EQ(filled.number("error"), 2u);  // CUDA_ERROR_OUT_OF_MEMORY past the limit
   // Its cores: the ledger the node agent made holds 50 %, and launches are held to it.
-  const Finished saturated = run({worker(), "saturate", "plain", "short@100us", "1.0"}, inside);
+  const Finished saturated =
+      run(in_container(scratch, container, {worker(), "saturate", "plain", "short@100us", "1.0"}),
+          env);
   ASSERT_EQ(saturated.exit_code, 0) << saturated.err;
+  std::string group;
+  for (const ContainerSpec::Mount& mount : container.mounts) {
+    if (mount.container == contract::kContainerGroupDirectory) group = mount.host;
+  }
   ledger::Ledger ledger;
   ErrorText error;
-  ASSERT_TRUE(ledger.open(inside.at("TESSERA_LEDGER").c_str(), error)) << error.text;
+  ASSERT_TRUE(ledger.open((group + "/" + contract::kLedgerFileName).c_str(), error)) << error.text;
   const ledger::DeviceUsage usage = ledger.usage(0);
   EXPECT_EQ(usage.cores, 50u);
   EXPECT_EQ(usage.limit, 6144ull << 20);
@@ -941,14 +789,15 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   EXPECT_LE(static_cast<double>(usage.device_time_ns) / 1e9, 0.5 * seconds + 0.05)
       << "device time beyond a 50 % share";
   // The operator sees its limit on the GPU the scheduler chose for it (FGD picks the GPU by
-  // the pods waiting and held, so either may be chosen).
+  // the pods waiting and held, so either may be chosen), which is the GPU it got.
   const nlohmann::json assignment =
       nlohmann::json::parse(cluster.get("pods", "default/slice-2")
                                 ->at("metadata")
                                 .at("annotations")
-                                .value("tessera.io/assignment", std::string("{}")));
+                                .value(contract::kAssignmentAnnotation, std::string("{}")));
   ASSERT_EQ(assignment.value("gpus", nlohmann::json::array()).size(), 1u) << assignment.dump();
   const int gpu = assignment["gpus"][0].get<int>();
+  EXPECT_EQ(container.envs.at(contract::kVisibleDevicesVariable), simulated_gpu_uuid(gpu));
   EXPECT_EQ(node.metric("tessera_container_memory_limit_bytes{namespace=\"default\",pod=\"slice-"
                         "2\",container=\"main\",gpu=\"" +
                         std::to_string(gpu) + "\",UUID=\"" + simulated_gpu_uuid(gpu) +

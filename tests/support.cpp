@@ -289,3 +289,28 @@ Environment hooked(const ScratchDirectory& scratch, const Environment& extra) {
 }
 
 }  // namespace tessera::test
+
+namespace tessera::test {
+
+std::vector<std::string> in_container(const ScratchDirectory& scratch, const ContainerSpec& spec,
+                                      const std::vector<std::string>& command) {
+  static int containers = 0;
+  const std::string own = scratch.file("container-" + std::to_string(containers++));
+  std::filesystem::create_directories(own);
+  // The simulated GPU's state is its device, passed through as a runtime passes /dev/nvidia*.
+  std::vector<std::string> argv = {build_path("tests/tessera-test-container"), "--scratch", own,
+                                   "--device", scratch.file("simgpu")};
+  for (const ContainerSpec::Mount& mount : spec.mounts) {
+    argv.push_back("--mount");
+    argv.push_back(mount.container + "=" + mount.host + (mount.read_only ? ":ro" : ""));
+  }
+  for (const auto& [name, value] : spec.envs) {
+    argv.push_back("--env");
+    argv.push_back(name + "=" + value);
+  }
+  argv.push_back("--");
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+}  // namespace tessera::test

@@ -87,6 +87,21 @@ Environment hooked(const ScratchDirectory& scratch, const Environment& extra = {
 // Same, without the hook.
 Environment unhooked(const ScratchDirectory& scratch, const Environment& extra = {});
 
+// A container as a runtime makes it from a device plugin's answers: their environment and
+// mounts, merged (tests/container).
+struct ContainerSpec {
+  std::map<std::string, std::string> envs;
+  struct Mount {
+    std::string container, host;
+    bool read_only = false;
+  };
+  std::vector<Mount> mounts;
+};
+// The argv that runs `command` in that container, its scratch space in `scratch`. Its
+// environment is the one the argv is run with, plus the spec's; never LD_PRELOAD.
+std::vector<std::string> in_container(const ScratchDirectory& scratch, const ContainerSpec& spec,
+                                      const std::vector<std::string>& command);
+
 // The simulated GPUs tests run on unless they ask for others: contexts that cost nothing,
 // so the tests' byte arithmetic is exact (the presets' real context costs are tested apart).
 inline constexpr const char* kTestDevice = "H100,context=0";

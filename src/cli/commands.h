@@ -90,6 +90,7 @@ struct NodeOptions {
   std::string config;  // the config to use when no node label names one
   std::string features_dir;
   std::string state_dir = "/var/lib/tessera";
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
   std::string metrics_listen;  // HOST:PORT; empty: no metrics
   std::string api_server;      // empty: in-cluster if in a pod, else none
   std::string token_file;

@@ -138,7 +138,10 @@ int main(int argc, char** argv) {
                        "Write the GPU labels for node-feature-discovery here (e.g. "
                        "/etc/kubernetes/node-feature-discovery/features.d)");
   node_app->add_option("--state-dir", node.state_dir,
-                       "Host directory for the hook and the containers' ledgers");
+                       "Host directory for the hook, the containers' ledgers and the devices' "
+                       "coordination files");
+  node_app->add_option("--pod-resources-socket", node.pod_resources_socket,
+                       "The kubelet's pod-resources API: whose devices a container's are");
   node_app->add_option("--metrics-listen", node.metrics_listen,
                        "HOST:PORT for /metrics (default: none)");
   node_app->add_option("--api-server", node.api_server,

@@ -83,6 +83,7 @@ int node_command(const NodeOptions& options) {
   agent.config_name = options.config;
   agent.features_dir = options.features_dir;
   agent.state_dir = options.state_dir;
+  agent.pod_resources_socket = options.pod_resources_socket;
   agent.report = log_line;
 
   const Installation installation = locate_installation();

@@ -11,7 +11,9 @@
 
 #include "cli/commands.h"
 #include "cli/environment.h"
+#include "common/limits.h"
 #include "common/units.h"
+#include "contract/variables.h"
 #include "ledger/ledger.h"
 
 namespace tessera::cli {
@@ -112,19 +114,21 @@ int run_command(const RunOptions& options) {
     throw std::runtime_error(error.text);
   }
 
-  setenv("TESSERA_LEDGER", path.c_str(), 1);
-  if (limit != kUnlimited) {
-    setenv("TESSERA_MEMORY_LIMIT",
-           options.device ? fmt::format("0={}", limit).c_str() : std::to_string(limit).c_str(), 1);
-  }
-  if (options.burst) setenv("TESSERA_CORE_BURST", "1", 1);
-  if (!options.priority.empty()) setenv("TESSERA_PRIORITY", options.priority.c_str(), 1);
+  setenv(contract::kLedgerVariable, path.c_str(), 1);
+  // The group's limits in the environment too (the hook holds a process to the lower of these
+  // and the ledger's), through the one writer of their form.
+  char memory[512], shares[512];
+  std::uint64_t percent[kMaxDevices];
+  for (int device = 0; device < kMaxDevices; ++device)
+    percent[device] = spec.limits.core_percent[device];
+  format_limit_list(spec.limits.memory_bytes, kMaxDevices, memory, sizeof memory);
+  format_limit_list(percent, kMaxDevices, shares, sizeof shares);
+  if (memory[0] != '\0') setenv(contract::kMemoryLimitVariable, memory, 1);
+  if (shares[0] != '\0') setenv(contract::kCoreLimitVariable, shares, 1);
+  if (options.burst) setenv(contract::kBurstVariable, "1", 1);
+  if (!options.priority.empty()) setenv(contract::kPriorityVariable, options.priority.c_str(), 1);
   if (options.tolerance) {
-    setenv("TESSERA_PRIORITY_TOLERANCE", std::to_string(*options.tolerance).c_str(), 1);
-  }
-  if (cores != 0) {
-    setenv("TESSERA_CORE_LIMIT",
-           (options.device ? fmt::format("0={}", cores) : std::to_string(cores)).c_str(), 1);
+    setenv(contract::kPriorityToleranceVariable, std::to_string(*options.tolerance).c_str(), 1);
   }
   prepend_to_path_variable("LD_PRELOAD", installation.hook_library, ':');
 

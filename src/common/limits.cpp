@@ -7,6 +7,7 @@
 
 #include "common/text.h"
 #include "common/units.h"
+#include "contract/variables.h"
 
 namespace tessera {
 
@@ -158,13 +159,38 @@ bool parse_memory_limit_list(const char* variable, const char* value, DeviceLimi
 }
 
 bool memory_limits_from_environment(DeviceLimits& limits, ErrorText& error) {
-  static constexpr const char* kLists[2] = {"TESSERA_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT"};
-  return limits_from_environment(kMemory, kLists, "CUDA_DEVICE_MEMORY_LIMIT", limits, error);
+  static constexpr const char* kLists[2] = {contract::kMemoryLimitVariable,
+                                            contract::kHamiMemoryLimitVariable};
+  return limits_from_environment(kMemory, kLists, contract::kHamiMemoryLimitVariable, limits,
+                                 error);
 }
 
 bool core_limits_from_environment(DeviceLimits& limits, ErrorText& error) {
-  static constexpr const char* kLists[2] = {"TESSERA_CORE_LIMIT", "CUDA_DEVICE_SM_LIMIT"};
-  return limits_from_environment(kCores, kLists, "CUDA_DEVICE_SM_LIMIT", limits, error);
+  static constexpr const char* kLists[2] = {contract::kCoreLimitVariable,
+                                            contract::kHamiCoreLimitVariable};
+  return limits_from_environment(kCores, kLists, contract::kHamiCoreLimitVariable, limits, error);
+}
+
+bool format_limit_list(const std::uint64_t* values, int count, char* out, std::size_t size) {
+  if (size == 0) return false;
+  out[0] = '\0';
+  bool every = count == kMaxDevices && values[0] != 0;
+  for (int device = 1; every && device < count; ++device) every = values[device] == values[0];
+  if (every) {  // the same for every device: the short form
+    const int written =
+        std::snprintf(out, size, "%llu", static_cast<unsigned long long>(values[0]));
+    return written >= 0 && static_cast<std::size_t>(written) < size;
+  }
+  std::size_t used = 0;
+  for (int device = 0; device < count && device < kMaxDevices; ++device) {
+    if (values[device] == 0) continue;
+    const int written =
+        std::snprintf(out + used, size - used, "%s%d=%llu", used == 0 ? "" : ",", device,
+                      static_cast<unsigned long long>(values[device]));
+    if (written < 0 || static_cast<std::size_t>(written) >= size - used) return false;
+    used += static_cast<std::size_t>(written);
+  }
+  return true;
 }
 
 }  // namespace tessera

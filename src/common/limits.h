@@ -2,9 +2,11 @@
 //
 // Memory: TESSERA_MEMORY_LIMIT ("8GiB" for every device, or "0=8GiB,1=4GiB"), and HAMi's
 // CUDA_DEVICE_MEMORY_LIMIT / CUDA_DEVICE_MEMORY_LIMIT_<i>. Where several name a device,
-// the tightest wins: a second source can only lower a limit, never raise it.
+// the tightest wins: a second source can only lower a limit, never raise it. The variables'
+// names are contract/variables.h's; the one writer of the list form is format_limit_list.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/error_text.h"
@@ -37,5 +39,9 @@ bool memory_limits_from_environment(DeviceLimits& limits, ErrorText& error);
 // Compute shares: TESSERA_CORE_LIMIT ("30" for every device, or "0=30,1=50") and HAMi's
 // CUDA_DEVICE_SM_LIMIT / CUDA_DEVICE_SM_LIMIT_<i>, percent of a device's time from 1 to 100.
 bool core_limits_from_environment(DeviceLimits& limits, ErrorText& error);
+
+// The form the readers above take: "0=V,1=V" for the first `count` values that are not 0
+// (none), "" if all are, and "V" when all kMaxDevices are V. False if it does not fit in `size`.
+bool format_limit_list(const std::uint64_t* values, int count, char* out, std::size_t size);
 
 }  // namespace tessera

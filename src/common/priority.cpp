@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "contract/variables.h"
+
 namespace tessera {
 namespace {
 
@@ -44,26 +46,28 @@ const char* priority_name(Priority priority) {
 
 bool priority_from_environment(Priority& priority, ErrorText& error) {
   priority = Priority::none;
-  return read_priority("TESSERA_PRIORITY", "high", "low", "high or low", priority, error) &&
-         read_priority("CUDA_TASK_PRIORITY", "0", "1", "0 (high) or 1 (low)", priority, error);
+  return read_priority(contract::kPriorityVariable, "high", "low", "high or low", priority,
+                       error) &&
+         read_priority(contract::kHamiPriorityVariable, "0", "1", "0 (high) or 1 (low)", priority,
+                       error);
 }
 
 bool priority_tolerance_from_environment(unsigned& percent, ErrorText& error) {
   percent = kDefaultPriorityTolerance;
-  const char* value = std::getenv("TESSERA_PRIORITY_TOLERANCE");
+  const char* value = std::getenv(contract::kPriorityToleranceVariable);
   if (value == nullptr || value[0] == '\0') return true;
   unsigned parsed = 0;
   int digits = 0;
   for (const char* c = value; *c != '\0'; ++c, ++digits) {
     if (*c < '0' || *c > '9' || digits >= 3) {
-      return error.set("TESSERA_PRIORITY_TOLERANCE='%.32s' must be a percentage from 1 to 100",
-                       value);
+      return error.set("%s='%.32s' must be a percentage from 1 to 100",
+                       contract::kPriorityToleranceVariable, value);
     }
     parsed = parsed * 10 + static_cast<unsigned>(*c - '0');
   }
   if (parsed < 1 || parsed > 100) {
-    return error.set("TESSERA_PRIORITY_TOLERANCE='%.32s' must be a percentage from 1 to 100",
-                     value);
+    return error.set("%s='%.32s' must be a percentage from 1 to 100",
+                     contract::kPriorityToleranceVariable, value);
   }
   percent = parsed;
   return true;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "contract/gpu_numbering.h"
 #include "kube/json_input.h"
 #include "kube/quantity.h"
 
@@ -46,7 +47,7 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
     const std::string& mode = sharing->get_ref<const std::string&>();
     // MIG devices are the kubelet's to hand out, by profile; the engine counts them, each as
     // its share of the GPU's memory (as a sharing pod's gpumem is counted).
-    if (mode == "mig") {
+    if (mode == contract::kSharingMig) {
       const auto devices = gpu.find("mig_devices");
       if (devices == gpu.end() || !devices->is_array() || devices->size() > 8) {
         throw std::runtime_error("a MIG GPU's mig_devices must be a list of at most 8");
@@ -88,8 +89,8 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       }
       continue;
     }
-    if (mode == "timeslice" || mode == "mps") continue;
-    if (mode != "none" && mode != "slices") {
+    if (mode == contract::kSharingTimeSlicing || mode == contract::kSharingMps) continue;
+    if (!contract::scheduler_numbers(mode)) {
       throw std::runtime_error(fmt::format(
           "sharing '{}' is not none, slices, timeslice, mps or mig", mode.substr(0, 40)));
     }
@@ -107,7 +108,7 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       throw std::runtime_error("a GPU without a uuid");
     }
     info.gpu_uuids.push_back(uuid->get<std::string>());
-    if (mode == "none")
+    if (mode == contract::kSharingNone)
       info.spec.whole_only_gpus |= static_cast<std::uint16_t>(1u << info.spec.gpus);
     ++info.spec.gpus;
   }
@@ -183,10 +184,10 @@ std::string model_refusal(const PodRequest& pod, const std::string& model) {
     });
   };
   if (!pod.use_types.empty() && !named(pod.use_types)) {
-    return fmt::format("GPU model {} is not in nvidia.com/use-gputype", model);
+    return fmt::format("GPU model {} is not in {}", model, contract::kUseGpuTypeAnnotation);
   }
   if (!pod.nouse_types.empty() && named(pod.nouse_types)) {
-    return fmt::format("GPU model {} is in nvidia.com/nouse-gputype", model);
+    return fmt::format("GPU model {} is in {}", model, contract::kNoUseGpuTypeAnnotation);
   }
   return {};
 }

@@ -26,16 +26,15 @@ using sched::PodSpec;
 using sched::Request;
 
 using kube::assignment_from_annotation;
-using kube::kAssignmentAnnotation;
 using kube::kMostNameLength;
-using kube::kPolicyAnnotation;
 using kube::pod_from_json;
 using kube::PodRequest;
 using kube::RecordedAssignment;
 
 static_assert(kube::kMostGpusPerNode == kMaxGpusPerNode);
 
-inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
+using contract::kAssignmentAnnotation;
+using contract::kGpusAnnotation;
 
 struct NodeInfo {
   NodeSpec spec;

@@ -9,6 +9,8 @@
 #include <optional>
 #include <set>
 
+#include "contract/api_paths.h"
+#include "contract/pod_resources.h"
 #include "kube/json_input.h"
 
 namespace tessera::extender {
@@ -50,8 +52,8 @@ bool finished(const nlohmann::json& pod) {
   return phase == "Succeeded" || phase == "Failed";
 }
 
-const char* collection_path(Extender::Resource resource) {
-  return resource == Extender::Resource::nodes ? "/api/v1/nodes" : "/api/v1/pods";
+std::string collection_path(Extender::Resource resource) {
+  return resource == Extender::Resource::nodes ? contract::api::nodes() : contract::api::pods();
 }
 
 bool same_node(const NodeInfo& a, const NodeInfo& b) {
@@ -376,7 +378,7 @@ std::string Extender::refusal_locked(const PodRequest& pod, const std::string& n
   }
   std::vector<std::string> asked;
   for (const auto& [profile, count] : pod.mig) {
-    if (count > 0) asked.push_back("nvidia.com/mig-" + profile);
+    if (count > 0) asked.push_back(std::string(contract::kMigResourcePrefix) + profile);
   }
   if (asked.size() > static_cast<std::size_t>(sched::kMostMigAsks)) {
     return fmt::format("asks for {} MIG profiles ({}); a pod may ask for at most {}", asked.size(),
@@ -569,7 +571,7 @@ HttpReply Extender::answer_bind(const std::string& body) {
   }
   const kube::Deadline deadline = Clock::now() + limits_.bind_budget;
   const std::string label = fmt::format("{}/{}", pod_ns, pod_name);
-  const std::string pod_path = fmt::format("/api/v1/namespaces/{}/pods/{}", pod_ns, pod_name);
+  const std::string pod_path = contract::api::pod(pod_ns, pod_name);
 
   // The pod as it is now: what it asks for, whether it is bound already, and its version, so
   // that the record is written only on the pod read here.
@@ -665,7 +667,8 @@ HttpReply Extender::answer_bind(const std::string& body) {
       {"kind", "Binding"},
       {"metadata", {{"name", pod_name}, {"namespace", pod_ns}, {"uid", pod_uid}}},
       {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node_name}}}};
-  const ApiResponse bound = api_->post(pod_path + "/binding", binding.dump(), deadline);
+  const ApiResponse bound =
+      api_->post(contract::api::pod_binding(pod_ns, pod_name), binding.dump(), deadline);
   if (bound.status != 200 && bound.status != 201) {
     give_back();
     // The record must not outlive the bind; an unbound pod's record is ignored anyway, so a

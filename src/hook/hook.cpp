@@ -6,14 +6,19 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "common/bounded_format.h"
+#include "common/clock.h"
 #include "common/immortal.h"
 #include "common/log.h"
+#include "contract/variables.h"
 
 using namespace tessera::abi;
 
@@ -141,6 +146,7 @@ void after_fork_in_child() {
   Hook& state = storage.get();
   pthread_mutex_init(&state.lock, nullptr);
   pthread_mutex_init(&state.pool_lock, nullptr);
+  pthread_mutex_init(&state.coordination_lock, nullptr);
   // The child owns no device memory: CUDA state does not survive fork.
   state.allocations.clear();
   state.arrays.clear();
@@ -152,21 +158,58 @@ void after_fork_in_child() {
   state.ledger.after_fork_in_child();  // the child joins on its first charge
 }
 
+// A container's ledger is written by the node agent before the container starts (at the
+// kubelet's PreStartContainer): one missing is waited for, up to TESSERA_LEDGER_WAIT_MS
+// (default 10 s), then refused, so a container never runs without its own limits.
+bool wait_for_ledger(const char* path, ErrorText& error) {
+  long wait_ms = 10'000;
+  if (const char* text = std::getenv(contract::kLedgerWaitVariable); text != nullptr && *text) {
+    char* end = nullptr;
+    wait_ms = std::strtol(text, &end, 10);
+    if (*end != '\0' || wait_ms < 0 || wait_ms > 600'000) {
+      return error.set("%s='%.32s' must be milliseconds from 0 to 600000",
+                       contract::kLedgerWaitVariable, text);
+    }
+  }
+  const std::uint64_t give_up = monotonic_ns() + static_cast<std::uint64_t>(wait_ms) * 1'000'000;
+  while (access(path, F_OK) != 0) {
+    if (monotonic_ns() >= give_up) {
+      return error.set(
+          "%s: no ledger after %ld ms: the node agent has not given this container its limits "
+          "(its PreStartContainer did not run or failed; see the node agent's log)",
+          path, wait_ms);
+    }
+    sleep_until_ns(monotonic_ns() + 10'000'000);
+  }
+  return true;
+}
+
+// Coordination files are found beside a file ledger, and the group is known there by the
+// ledger's identity.
+bool coordinate_beside(Hook& state, const char* ledger_path) {
+  if (!format_bounded(state.ledger_path, sizeof state.ledger_path, state.failure, "%s",
+                      ledger_path)) {
+    return false;
+  }
+  state.group_identity = ledger::group_identity(ledger_path);
+  return true;
+}
+
 bool open_ledger(Hook& state, const DeviceLimits& limits) {
   ledger::GroupSpec spec;
   spec.limits = limits;
   spec.priority = state.priority;
-  if (const char* path = std::getenv("TESSERA_LEDGER"); path != nullptr && path[0] != '\0') {
-    if (!state.ledger.open(path, state.failure)) return false;
-    if (ErrorText reason; !state.demand.open_beside(path, reason)) {
-      log(LogLevel::warn, "hook", "%s", reason.text);  // bursting then assumes it is alone
+  if (const char* path = std::getenv(contract::kLedgerVariable); path != nullptr && path[0] != '\0') {
+    if (!wait_for_ledger(path, state.failure) || !state.ledger.open(path, state.failure) ||
+        !coordinate_beside(state, path)) {
+      return false;
     }
-  } else if (const char* cache = std::getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+  } else if (const char* cache = std::getenv(contract::kHamiSharedCacheVariable);
              cache != nullptr && cache[0] != '\0') {
     spec.name = "hami";
-    if (!state.ledger.create_or_open(cache, spec, state.failure)) return false;
-    if (ErrorText reason; !state.demand.open_beside(cache, reason)) {
-      log(LogLevel::warn, "hook", "%s", reason.text);
+    if (!state.ledger.create_or_open(cache, spec, state.failure) ||
+        !coordinate_beside(state, cache)) {
+      return false;
     }
   } else if (limits.any() || limits.any_cores()) {
     spec.name = "process";
@@ -185,6 +228,7 @@ void initialize() {
   Hook& state = storage.construct();
   pthread_mutex_init(&state.lock, nullptr);
   pthread_mutex_init(&state.pool_lock, nullptr);
+  pthread_mutex_init(&state.coordination_lock, nullptr);
 
   const char* driver_path = std::getenv("TESSERA_REAL_LIBCUDA");
   if (driver_path == nullptr || driver_path[0] == '\0') driver_path = "libcuda.so.1";
@@ -209,10 +253,10 @@ void initialize() {
   }
 #undef TESSERA_RESOLVE
 
-  const char* burst = std::getenv("TESSERA_CORE_BURST");
+  const char* burst = std::getenv(contract::kBurstVariable);
   if (burst != nullptr && burst[0] != '\0' && std::strcmp(burst, "0") != 0 &&
       std::strcmp(burst, "1") != 0) {
-    state.failure.set("TESSERA_CORE_BURST='%s' must be 0 or 1", burst);
+    state.failure.set("%s='%.32s' must be 0 or 1", contract::kBurstVariable, burst);
     state.failed = true;
     return;
   }
@@ -225,8 +269,8 @@ void initialize() {
     state.failed = true;
     return;
   }
-  if (state.priority != Priority::none && !state.demand.is_open()) {
-    // Priorities are kept between groups through the demand file beside their ledgers.
+  if (state.priority != Priority::none && state.ledger_path[0] == '\0') {
+    // Priorities are kept between groups through the coordination files beside their ledgers.
     log(LogLevel::warn, "hook",
         "a priority has no effect without a group ledger (TESSERA_LEDGER or "
         "CUDA_DEVICE_MEMORY_SHARED_CACHE)");
@@ -293,6 +337,87 @@ int current_device() {
   CUdevice device = -1;
   if (hook().real.cuCtxGetDevice(&device) != CUDA_SUCCESS) return -1;
   return device;
+}
+
+namespace {
+
+
+// Opens device's coordination file, writing its header anew in place first if something wrote
+// over it (every group using it then finds it whole). Under coordination_lock. Problems are said
+// once until the file is usable again.
+bool open_coordination(Hook& state, int device, DeviceCoordination& entry) {
+  CUuuid uuid{};
+  ErrorText error;
+  const auto get_uuid = state.real.cuDeviceGetUuid_v2 != nullptr ? state.real.cuDeviceGetUuid_v2
+                                                                  : state.real.cuDeviceGetUuid;
+  bool opened = false;
+  if (get_uuid == nullptr || get_uuid(&uuid, device) != CUDA_SUCCESS) {
+    error.set("device %d: its UUID cannot be read for its coordination file", device);
+  } else {
+    unsigned char bytes[16];
+    std::memcpy(bytes, uuid.bytes, sizeof bytes);
+    const contract::DeviceKey key = contract::device_key(bytes);
+    if (contract::coordination_path(state.ledger_path, key, entry.path, sizeof entry.path,
+                                    error)) {
+      if (char* slash = std::strrchr(entry.path, '/'); slash != nullptr) {  // outside a cluster,
+        *slash = '\0';  // the first group on a device makes the directory
+        mkdir(entry.path, 0777);
+        *slash = '/';
+      }
+      opened = entry.demand.open(entry.path, key, state.group_identity, error);
+      bool repaired = false;
+      if (!opened && ledger::prepare_coordination_file(entry.path, key, repaired, error)) {
+        if (!entry.said) log(LogLevel::error, "hook", "%s; its header was written anew", error.text);
+        entry.said = true;
+        opened = entry.demand.open(entry.path, key, state.group_identity, error);
+      }
+    }
+  }
+  if (!opened && !entry.said) {
+    log(LogLevel::error, "hook",
+        "%s: this group is not coordinated with others on device %d until it can be used%s",
+        error.text, device,
+        state.priority == Priority::low ? "; its low-priority launches wait meanwhile" : "");
+  }
+  entry.said = !opened;
+  return opened;
+}
+
+constexpr std::uint64_t kCoordinationRetryNs = 100'000'000;
+
+}  // namespace
+
+ledger::Demand* coordination(int device) {
+  Hook& state = hook();
+  if (device < 0 || device >= kMaxDevices || state.ledger_path[0] == '\0') return nullptr;
+  DeviceCoordination& entry = state.coordination[device];
+  const int known = entry.state.load(std::memory_order_acquire);
+  if (known == kOpen && entry.demand.intact()) return &entry.demand;
+  const std::uint64_t now = monotonic_ns();
+  if (now < entry.retry_at_ns) return nullptr;
+  pthread_mutex_lock(&state.coordination_lock);
+  ledger::Demand* usable = nullptr;
+  if (entry.state.load(std::memory_order_relaxed) != kOpen) {
+    if (open_coordination(state, device, entry)) {
+      usable = &entry.demand;
+      entry.state.store(kOpen, std::memory_order_release);
+    }
+  } else if (entry.demand.intact()) {
+    usable = &entry.demand;  // another thread repaired it
+  } else {
+    // Written over while in use: made whole in place (the mapping is never given up, since
+    // other threads may be using it).
+    ErrorText error;
+    if (entry.demand.repair(error)) usable = &entry.demand;
+    if (!entry.said) {
+      log(LogLevel::error, "hook", "%s: something wrote over it; %s", entry.path,
+          usable != nullptr ? "its header was written anew" : error.text);
+    }
+    entry.said = usable == nullptr;
+  }
+  entry.retry_at_ns = usable != nullptr ? 0 : now + kCoordinationRetryNs;
+  pthread_mutex_unlock(&state.coordination_lock);
+  return usable;
 }
 
 void format_gpu_uuid(const CUuuid& uuid, char (&text)[64]) {

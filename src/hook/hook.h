@@ -9,12 +9,14 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "common/error_text.h"
 #include "common/handle_table.h"
 #include "common/limits.h"
 #include "common/priority.h"
+#include "contract/layout.h"
 #include "cuda_abi/cuda_abi.h"
 #include "cuda_abi/nvml_abi.h"
 #include "ledger/demand.h"
@@ -64,6 +66,19 @@ struct VmmMapping {
   std::uint64_t size;
 };
 
+// A device's coordination file (ledger/demand.h), by the CUDA ordinal this process sees the
+// device as; opened at the first governed launch on it, since its key is the device's UUID.
+// Once open, its mapping is kept until the process ends: threads use it without a lock, and
+// damage is repaired in place.
+struct DeviceCoordination {
+  std::atomic<int> state;  // kNotOpened, then kOpen for good
+  ledger::Demand demand;
+  char path[512];
+  std::uint64_t retry_at_ns;  // unusable: when to try it again
+  bool said;                  // its problem was logged (once until it is usable again)
+};
+enum CoordinationState { kNotOpened = 0, kOpen = 1 };
+
 struct Hook {
   RealDriver real;
   RealNvml nvml;
@@ -90,9 +105,14 @@ struct Hook {
 
   bool compute_limited;  // a compute share or a priority applies: launches are governed
   bool burst;            // TESSERA_CORE_BURST=1: use time no other group wants
-  Priority priority;     // TESSERA_PRIORITY / CUDA_TASK_PRIORITY, where a demand file is open
+  Priority priority;     // the ledger's, TESSERA_PRIORITY's, CUDA_TASK_PRIORITY's: the lowest
   unsigned priority_tolerance;  // TESSERA_PRIORITY_TOLERANCE (high priority: what it gives up)
-  ledger::Demand demand;        // which groups want each device (file ledgers only)
+  // The file ledger's path (TESSERA_LEDGER or HAMi's cache), beside which the devices'
+  // coordination files are (contract/layout.h); empty for a private ledger or none.
+  char ledger_path[4096];
+  std::uint64_t group_identity;  // this group's, in coordination files
+  pthread_mutex_t coordination_lock;  // opens and repairs coordination files
+  DeviceCoordination coordination[kMaxDevices];
 };
 
 // The initialised hook; the first call in the process initialises it.
@@ -102,6 +122,12 @@ CUresult failure_result();
 
 // The device ordinal of the calling thread's current context, or -1 without one.
 int current_device();
+
+// The coordination file of `device` (an ordinal), opened at its first use and repaired in place
+// if something wrote over it (the damage is said once, naming the file). nullptr where the group
+// has no file ledger, or while the file cannot be used (said once): then nothing coordinates
+// the group with others on the device, and a low-priority group must wait (launch.cpp).
+ledger::Demand* coordination(int device);
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as NVML names the device with this UUID.
 void format_gpu_uuid(const CUuuid& uuid, char (&text)[64]);

@@ -8,14 +8,17 @@
 // unmeasured, so no burst of unpriced work can run ahead of the share. With no share and no
 // priority configured each launch forwards at once.
 //
-// Priority: a high-priority group records in the demand file when the work it has queued on a
-// device should be done, and the idle gaps it leaves; a low-priority launch waits until then.
+// Priority: a high-priority group records in the device's coordination file (ledger/demand.h),
+// which every group on the device shares whatever process, container or pod it is in, when the
+// work it has queued there should be done, and the idle gaps it leaves; a low-priority launch
+// waits until then.
 // A device runs the work queued on it in order and cannot take back a running kernel, so
 // low-priority work on the device when high-priority work arrives delays it: while
 // high-priority work was pending lately, every low-priority launch is reserved on one
 // low-priority timeline per device, shared by all low-priority groups, either in a short queue
 // (a quarter of the high groups' tolerance) or in a gap it fits, and must reach the device before
-// its gap no longer holds it (docs/compute.md).
+// its gap no longer holds it (docs/compute.md). While a low-priority group's coordination file
+// cannot be used, its launches wait: it never runs as if no one had priority over it.
 #include <sys/prctl.h>
 #include <time.h>
 
@@ -48,6 +51,8 @@ constexpr std::uint64_t kGapLookNs = 100'000;
 // A launch held back this long, priced only beside high-priority work, goes at the start of a
 // gap, and its price is measured again.
 constexpr std::uint64_t kRepriceAfterNs = 1'000'000'000;
+// How often a low-priority launch looks again for a coordination file it cannot use.
+constexpr std::uint64_t kUnusableWaitNs = 100'000'000;
 
 struct Cost {
   std::uint64_t samples[kSamples];
@@ -159,10 +164,9 @@ void collect_locked(Track& track, bool wait) {
       // The kernel's own time: no high-priority work was pending at the launch or launched
       // since, and the host did not hold the launch back long (a thread kept off the CPU).
       const auto sample = static_cast<std::uint64_t>(static_cast<double>(milliseconds) * 1e6);
-      const bool clean =
-          entry.high_until != kNotClean && entry.host_span_ns <= sample / 8 &&
-          state.demand.is_open() &&
-          state.demand.high_work_until(entry.device, monotonic_ns()) == entry.high_until;
+      const ledger::Demand* demand = entry.high_until != kNotClean ? coordination(entry.device) : nullptr;
+      const bool clean = demand != nullptr && entry.host_span_ns <= sample / 8 &&
+                         demand->high_work_until(monotonic_ns()) == entry.high_until;
       cost.add(sample, entry.host_span_ns, clean);
       compute().costs.put(entry.key, cost);
     }
@@ -196,16 +200,16 @@ void wait_closely_until_ns(std::uint64_t when_ns) {
 // How much low-priority work (all low-priority groups' together) may be queued on device while
 // high-priority work is about: a quarter of what the high-priority groups tolerate, since a low
 // launch of each group decided just before a high one can still reach the device first.
-std::uint64_t low_queue_allowed(Hook& state, int device) {
-  return state.demand.high_launch_cost(device) * state.demand.high_tolerance_percent(device) / 400;
+std::uint64_t low_queue_allowed(const ledger::Demand& demand) {
+  return demand.high_launch_cost() * demand.high_tolerance_percent() / 400;
 }
 
 // How far ahead of its share a low-priority group may queue: while high-priority work was
 // pending lately, a fortieth of its latest launch.
-std::uint64_t low_lead(Hook& state, int device) {
-  const std::uint64_t now = monotonic_ns(), until = state.demand.high_work_until(device, now);
+std::uint64_t low_lead(const ledger::Demand& demand) {
+  const std::uint64_t now = monotonic_ns(), until = demand.high_work_until(now);
   if (until == 0 || until + kHighRecentNs < now) return kLeadNs;
-  const std::uint64_t high_cost = state.demand.high_launch_cost(device);
+  const std::uint64_t high_cost = demand.high_launch_cost();
   return high_cost / kHighDelayDivisor < kLeadNs ? high_cost / kHighDelayDivisor : kLeadNs;
 }
 
@@ -213,19 +217,20 @@ std::uint64_t low_lead(Hook& state, int device) {
 // low-priority timeline (a short queue, or a gap in high-priority demand it fits), waiting
 // while it fits neither; with no high-priority work lately, it goes at once. Returns by when
 // the launch must reach the device.
-std::uint64_t yield_to_high_priority(Hook& state, int device, const Cost& cost) {
+std::uint64_t yield_to_high_priority(Hook& state, int device, ledger::Demand& demand,
+                                     const Cost& cost) {
   // A price with no clean sample may hold the host's time: placed at the least the kernel may
   // take, and priced again by that launch (too long, it delays high-priority work once).
   const std::uint64_t price = cost.clean != 0 ? cost.estimate() : cost.least_possible();
   std::uint64_t now = monotonic_ns(), waited = 0, launch_by = UINT64_MAX;
   for (;;) {
-    const std::uint64_t until = state.demand.high_work_until(device, now);
+    const std::uint64_t until = demand.high_work_until(now);
     std::uint64_t wake = until;
     if (until <= now) {
       if (until == 0 || until + kHighRecentNs < now) break;  // idle lately: no one to protect
       if (price == 0) break;  // unpriced: waited for and priced at once
       const ledger::Demand::LowPlacement placement =
-          state.demand.place_low_work(device, now, until, price, low_queue_allowed(state, device));
+          demand.place_low_work(now, until, price, low_queue_allowed(demand));
       if (placement.placed) {
         launch_by = placement.launch_by;
         break;
@@ -270,17 +275,25 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   const std::uint32_t share = state.ledger.effective_cores(device);
   if (share == 0 && state.priority == Priority::none) return launch();
   if (captured(state, stream, per_thread)) return launch();
+  ledger::Demand* demand = coordination(device);
+  if (state.priority == Priority::low) {
+    // Without the device's coordination file it cannot know what high-priority work wants.
+    while (demand == nullptr) {
+      sleep_until_ns(monotonic_ns() + kUnusableWaitNs);
+      state.ledger.add_held(device, kUnusableWaitNs);
+      demand = coordination(device);
+    }
+  }
   // While high-priority work is about, what a low-priority stream still has on the device,
   // by the device's own events, must leave room for this launch in the low-priority queue
   // before it is decided whether the launch may go: prices are estimates, and the share's
   // clock counts the group's launches as if it had the device alone.
   auto high_about = [&] {  // for a low-priority group: high-priority work pending lately
     if (state.priority != Priority::low) return false;
-    const std::uint64_t now = monotonic_ns(), until = state.demand.high_work_until(device, now);
+    const std::uint64_t now = monotonic_ns(), until = demand->high_work_until(now);
     return until != 0 && until + kHighRecentNs >= now;
   };
-  const std::uint64_t backlog_allowed =
-      high_about() ? low_queue_allowed(state, device) : UINT64_MAX;
+  const std::uint64_t backlog_allowed = high_about() ? low_queue_allowed(*demand) : UINT64_MAX;
   ComputeState& shared = compute();
   pthread_mutex_lock(&shared.lock);
   Track* track = track_for_locked(stream);
@@ -301,14 +314,15 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   }
   pthread_mutex_unlock(&shared.lock);
 
-  const std::uint64_t lead = state.priority == Priority::low ? low_lead(state, device) : kLeadNs;
+  const std::uint64_t lead = state.priority == Priority::low ? low_lead(*demand) : kLeadNs;
   const std::uint64_t now = monotonic_ns();
-  if (state.demand.is_open()) state.demand.stamp(device, now);
-  // A bursting group takes the whole device while no other group it can see has wanted it
-  // lately; the lead still bounds what it has queued, so a newcomer waits at most that long.
+  if (demand != nullptr) demand->stamp(now);
+  // A bursting group takes the whole device while no other group has wanted it lately; the
+  // lead still bounds what it has queued, so a newcomer waits at most that long. Without its
+  // coordination file it cannot tell, and keeps to its share.
   const bool take_all =
-      share == 0 || (state.burst && !(state.demand.is_open() &&
-                                      state.demand.others_active(device, now, kOthersWindowNs)));
+      share == 0 ||
+      (state.burst && demand != nullptr && !demand->others_active(now, kOthersWindowNs));
   const std::uint32_t percent = take_all ? 100 : share;
   std::uint64_t launch_at = now;
   if (estimate > 0) {  // wait for the share to have earned it
@@ -323,13 +337,15 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   // thread off the CPU past the moment its gap allowed: it is then placed again, from now (its
   // old reservation stays: it only makes others wait a little longer).
   if (state.priority == Priority::low) {
-    std::uint64_t launch_by = yield_to_high_priority(state, device, cost);
-    while (monotonic_ns() > launch_by) launch_by = yield_to_high_priority(state, device, cost);
+    std::uint64_t launch_by = yield_to_high_priority(state, device, *demand, cost);
+    while (monotonic_ns() > launch_by) {
+      launch_by = yield_to_high_priority(state, device, *demand, cost);
+    }
   }
   // Unpriced work is waited for below; until then it keeps low-priority groups out a lead.
-  if (state.priority == Priority::high)
-    state.demand.add_high_work(device, launch_at, estimate > 0 ? estimate : kLeadNs,
-                               state.priority_tolerance);
+  if (state.priority == Priority::high && demand != nullptr) {
+    demand->add_high_work(launch_at, estimate > 0 ? estimate : kLeadNs, state.priority_tolerance);
+  }
   pthread_mutex_lock(&shared.lock);
   CUevent before = take_event_locked(*track);
   // Whether a sample is clean matters only to low-priority groups: others read no clock and
@@ -342,9 +358,9 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   }
   pthread_mutex_unlock(&shared.lock);
   std::uint64_t high_until = kNotClean;
-  if (low && state.demand.is_open()) {
+  if (low) {
     const std::uint64_t launching = monotonic_ns();
-    const std::uint64_t until = state.demand.high_work_until(device, launching);
+    const std::uint64_t until = demand->high_work_until(launching);
     if (until <= launching) high_until = until;
   }
   const CUresult result = launch();

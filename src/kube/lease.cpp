@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "contract/api_paths.h"
 #include "kube/json_input.h"
 #include "kube/objects.h"
 
@@ -96,8 +97,7 @@ LeaderElector::LeaderElector(const ApiClient& api, LeaseSettings settings, Repor
     : api_(api), settings_(std::move(settings)), report_(std::move(report)) {}
 
 std::string LeaderElector::path() const {
-  return fmt::format("/apis/coordination.k8s.io/v1/namespaces/{}/leases/{}",
-                     settings_.namespace_name, settings_.name);
+  return contract::api::lease(settings_.namespace_name, settings_.name);
 }
 
 void LeaderElector::note_failure(const std::string& failure) {
@@ -146,7 +146,7 @@ bool LeaderElector::try_acquire_or_renew() {
   if (read.status == 404 && !settings_.follow) {
     const std::string now = micro_time_now();
     const ApiResponse created = api_.post(
-        fmt::format("/apis/coordination.k8s.io/v1/namespaces/{}/leases", settings_.namespace_name),
+        contract::api::leases(settings_.namespace_name),
         lease_json(settings_.identity, now, 0, "", static_cast<int>(settings_.duration.count())),
         deadline);
     if (created.status == 200 || created.status == 201) return held_from_now();

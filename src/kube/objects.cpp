@@ -7,6 +7,8 @@
 
 #include "kube/json_input.h"
 #include "kube/quantity.h"
+#include "contract/annotations.h"
+#include "contract/pod_resources.h"
 
 namespace tessera::kube {
 namespace {
@@ -162,35 +164,65 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
   request.cpu_milli = sum_resource(pod, label, "requests", "cpu", parse_cpu_milli, kMostCpuMilli);
   request.memory_mib =
       sum_resource(pod, label, "requests", "memory", parse_memory_mib, kMostMemoryMib);
-  request.gpus = static_cast<int>(
-      sum_resource(pod, label, "limits", "nvidia.com/gpu", parse_count, kMostCount));
-  request.gpumem_mib =
-      sum_resource(pod, label, "limits", "nvidia.com/gpumem", parse_count, kMostCount);
-  request.gpumem_percent = static_cast<int>(
-      sum_resource(pod, label, "limits", "nvidia.com/gpumem-percentage", parse_count, kMostCount));
-  request.gpucores = static_cast<int>(
-      sum_resource(pod, label, "limits", "nvidia.com/gpucores", parse_count, kMostCount));
+  using contract::PodResource;
+  const auto limit = [&](PodResource resource) {
+    return sum_resource(pod, label, "limits", contract::resource_name(resource), parse_count,
+                        kMostCount);
+  };
+  request.gpus = static_cast<int>(limit(PodResource::gpus));
+  request.gpumem_mib = limit(PodResource::gpu_memory_mib);
+  request.gpumem_percent = static_cast<int>(limit(PodResource::gpu_memory_percent));
+  request.gpucores = static_cast<int>(limit(PodResource::gpu_cores));
+  request.gpushare_gib = limit(PodResource::gpushare_memory);
   if (request.gpumem_percent > 100 || request.gpucores > 100) {
-    throw std::runtime_error(
-        fmt::format("pod {}: nvidia.com/gpumem-percentage and nvidia.com/gpucores "
-                    "are percentages of one GPU (at most 100)",
-                    label));
+    throw std::runtime_error(fmt::format("pod {}: {} and {} are percentages of one GPU (at most 100)",
+                                         label, resource_name(PodResource::gpu_memory_percent),
+                                         resource_name(PodResource::gpu_cores)));
+  }
+  if (request.gpushare_gib > 0) {
+    // gpushare's pods ask for GiB of one GPU: a slice of one GPU with that memory.
+    if (request.gpus > 0 || request.gpumem_mib > 0 || request.gpumem_percent > 0 ||
+        request.gpucores > 0) {
+      throw std::runtime_error(fmt::format("pod {}: {} cannot be asked for beside {} or HAMi's "
+                                           "GPU memory and cores",
+                                           label, resource_name(PodResource::gpushare_memory),
+                                           resource_name(PodResource::gpus)));
+    }
+    request.gpus = 1;
+    request.gpumem_mib = request.gpushare_gib << 10;
   }
   for (const auto& container :
        container_at(pod, {"spec", "containers"}, true, "pod " + label, "spec.containers")) {
     PodRequest::Container entry;
     entry.name = string_field(container, {"name"}, "", "pod " + label, "a container's name");
-    const nlohmann::json* gpus = find_at(container, {"resources", "limits", "nvidia.com/gpu"});
-    std::int64_t count = 0;
-    if (gpus != nullptr && parse_count(text_of(*gpus), count)) entry.gpus = static_cast<int>(count);
+    // Its own counts, each read as the sums above were.
+    const auto own = [&](PodResource resource) -> std::int64_t {
+      const nlohmann::json* value =
+          find_at(container, {"resources", "limits", contract::resource_name(resource)});
+      std::int64_t count = 0;
+      if (value == nullptr) return -1;
+      if (!parse_count(text_of(*value), count)) {
+        throw std::runtime_error(fmt::format("pod {}: container {}: limits.{} is not a count",
+                                             label, entry.name.substr(0, 64),
+                                             contract::resource_name(resource)));
+      }
+      return count;
+    };
+    entry.gpus = static_cast<int>(std::max<std::int64_t>(own(PodResource::gpus), 0));
+    entry.gpumem_mib = std::max<std::int64_t>(own(PodResource::gpu_memory_mib), 0);
+    entry.gpumem_percent =
+        static_cast<int>(std::max<std::int64_t>(own(PodResource::gpu_memory_percent), 0));
+    entry.gpucores = static_cast<int>(std::max<std::int64_t>(own(PodResource::gpu_cores), 0));
+    entry.gpushare_gib =
+        static_cast<int>(std::max<std::int64_t>(own(PodResource::gpushare_memory), 0));
+    entry.hami_priority = static_cast<int>(std::min<std::int64_t>(own(PodResource::priority), 1));
     request.containers.push_back(std::move(entry));
     // MIG devices by profile, as the node agent's mixed strategy serves them.
     const nlohmann::json* limits = find_at(container, {"resources", "limits"});
     if (limits == nullptr || !limits->is_object()) continue;
     for (const auto& [resource, value] : limits->items()) {
-      constexpr std::string_view kMig = "nvidia.com/mig-";
-      if (resource.rfind(kMig, 0) != 0) continue;
-      const std::string profile = resource.substr(kMig.size());
+      if (!resource.starts_with(contract::kMigResourcePrefix)) continue;
+      const std::string profile = resource.substr(contract::kMigResourcePrefix.size());
       std::int64_t devices = 0;
       if (profile.empty() || profile.size() > 32 || !parse_count(text_of(value), devices) ||
           devices > kMostCount) {
@@ -207,19 +239,37 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
   }
   const nlohmann::json& annotations =
       container_at(pod, {"metadata", "annotations"}, false, "pod " + label, "metadata.annotations");
-  if (annotations.contains("nvidia.com/use-gputype")) {
-    request.use_types = split_list(text_of(annotations["nvidia.com/use-gputype"]));
+  if (annotations.contains(contract::kUseGpuTypeAnnotation)) {
+    request.use_types = split_list(text_of(annotations[contract::kUseGpuTypeAnnotation]));
   }
-  if (annotations.contains("nvidia.com/nouse-gputype")) {
-    request.nouse_types = split_list(text_of(annotations["nvidia.com/nouse-gputype"]));
+  if (annotations.contains(contract::kNoUseGpuTypeAnnotation)) {
+    request.nouse_types = split_list(text_of(annotations[contract::kNoUseGpuTypeAnnotation]));
   }
-  if (annotations.contains(kPolicyAnnotation)) {
-    request.policy = text_of(annotations[kPolicyAnnotation]);
-  } else if (annotations.contains("hami.io/gpu-scheduler-policy")) {
-    const std::string hami = text_of(annotations["hami.io/gpu-scheduler-policy"]);
+  if (annotations.contains(contract::kPolicyAnnotation)) {
+    request.policy = text_of(annotations[contract::kPolicyAnnotation]);
+  } else if (annotations.contains(contract::kHamiPolicyAnnotation)) {
+    const std::string hami = text_of(annotations[contract::kHamiPolicyAnnotation]);
     request.policy = hami == "spread" ? "spread" : "best-fit";  // HAMi's binpack
   }
+  if (annotations.contains(contract::kPriorityAnnotation)) {
+    const std::string priority = text_of(annotations[contract::kPriorityAnnotation]);
+    if (priority != "high" && priority != "low") {
+      throw std::runtime_error(fmt::format("pod {}: annotation {}='{}' must be high or low", label,
+                                           contract::kPriorityAnnotation, priority.substr(0, 40)));
+    }
+    request.priority_annotation = priority == "high" ? Priority::high : Priority::low;
+  }
   return request;
+}
+
+Priority container_priority(const PodRequest& pod, const PodRequest::Container& container) {
+  const Priority hami = container.hami_priority < 0    ? Priority::none
+                        : container.hami_priority == 0 ? Priority::high
+                                                       : Priority::low;
+  if (hami == Priority::none && pod.priority_annotation == Priority::none) {
+    return contract::kHamiDefaultPriority == 0 ? Priority::high : Priority::low;
+  }
+  return lower_priority(hami, pod.priority_annotation);
 }
 
 RecordedAssignment assignment_from_annotation(const nlohmann::json& text) {

@@ -1,7 +1,8 @@
 // Kubernetes objects read from outside, with bounds and type checks: names and fields, a
-// pod's GPU request in NVIDIA's and HAMi's resource names, and Tessera's record of where the
-// scheduler placed a pod (tessera.io/assignment), which the extender writes and the node
-// agent reads. Every refusal is a std::runtime_error naming the object and the field.
+// pod's GPU request in NVIDIA's, HAMi's and gpushare's resource names (contract/pod_resources.h),
+// and Tessera's record of where the scheduler placed a pod (tessera.io/assignment), which the
+// extender writes and the node agent reads. Every refusal is a std::runtime_error naming the
+// object and the field.
 #pragma once
 
 #include <cstdint>
@@ -11,25 +12,35 @@
 #include <string>
 #include <vector>
 
+#include "common/priority.h"
+#include "contract/annotations.h"
+
 namespace tessera::kube {
 
-inline constexpr const char* kAssignmentAnnotation = "tessera.io/assignment";
-inline constexpr const char* kPolicyAnnotation = "tessera.io/policy";
 inline constexpr std::size_t kMostNameLength = 253;  // a DNS subdomain, as Kubernetes allows
 inline constexpr int kMostGpusPerNode = 16;
 
 struct PodRequest {
   std::string uid, name, namespace_name;
   std::int64_t cpu_milli = 0, memory_mib = 0;
-  int gpus = 0;                                     // nvidia.com/gpu
+  // nvidia.com/gpu; a gpushare pod (aliyun.com/gpu-mem) asks for 1, with gpumem_mib its GiB.
+  int gpus = 0;
   std::int64_t gpumem_mib = 0;                      // nvidia.com/gpumem, per GPU
   int gpumem_percent = 0;                           // nvidia.com/gpumem-percentage
   int gpucores = 0;                                 // nvidia.com/gpucores, percent of a GPU
   std::vector<std::string> use_types, nouse_types;  // nvidia.com/use-gputype, nouse-gputype
   std::string policy;  // tessera.io/policy or HAMi's gpu-scheduler-policy
+  std::int64_t gpushare_gib = 0;  // aliyun.com/gpu-mem, summed: GiB of one GPU
+  Priority priority_annotation = Priority::none;  // tessera.io/priority
   struct Container {
     std::string name;
-    int gpus = 0;  // its nvidia.com/gpu limit
+    // Its own limits (the pod's above are sums over its containers).
+    int gpus = 0;                  // nvidia.com/gpu
+    std::int64_t gpumem_mib = 0;   // nvidia.com/gpumem
+    int gpumem_percent = 0;        // nvidia.com/gpumem-percentage
+    int gpucores = 0;              // nvidia.com/gpucores
+    int gpushare_gib = 0;          // aliyun.com/gpu-mem
+    int hami_priority = -1;        // nvidia.com/priority; -1 where it has none
   };
   std::vector<Container> containers;  // in the pod's order
   // nvidia.com/mig-<profile> limits, summed over containers, by profile ("1g.10gb.me").
@@ -38,6 +49,10 @@ struct PodRequest {
 
 // Throws std::runtime_error naming the pod and the field at fault.
 PodRequest pod_from_json(const nlohmann::json& pod);
+
+// A container's priority on its GPUs: the lower of its nvidia.com/priority (0 high, else low)
+// and the pod's tessera.io/priority; HAMi's default (low) where neither is given.
+Priority container_priority(const PodRequest& pod, const PodRequest::Container& container);
 
 // A pod's tessera.io/assignment annotation: the node, the GPUs there (the scheduler's
 // numbering, and their UUIDs where the node said them) and the share of each.

@@ -1,71 +1,111 @@
 #include "ledger/demand.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-
-#include "common/bounded_format.h"
 
 namespace tessera::ledger {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'E', 'S', 'S', 'D', 'M', 'N', 'D'};
-constexpr std::uint32_t kVersion = 3;                  // 2: high-priority work; 3: its gaps
+// 2: high-priority work; 3: its gaps; 4: one file per device, with its key under a checksum.
+constexpr std::uint32_t kVersion = 4;
 constexpr std::uint64_t kStaleNs = 60'000'000'000ull;  // a slot unused this long may be taken
 // Stamps closer together than this are not written: readers keep their cached line.
 constexpr std::uint64_t kStampResolutionNs = 1'000'000;
 
-void initialize(void* base, const void*) {
+std::uint64_t header_checksum(const DemandHeader& header) {
+  std::uint64_t hash = 14695981039346656037ull;  // FNV-1a over everything before the checksum
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&header);
+  for (std::size_t i = 0; i < offsetof(DemandHeader, checksum); ++i) {
+    hash = (hash ^ bytes[i]) * 1099511628211ull;
+  }
+  return hash;
+}
+
+DemandHeader header_for(const contract::DeviceKey& key) {
+  DemandHeader header{};
+  std::memcpy(header.magic, kMagic, sizeof kMagic);
+  header.version = kVersion;
+  header.slots = kDemandSlots;
+  std::memcpy(header.device, key.text, sizeof key.text);
+  header.checksum = header_checksum(header);
+  return header;
+}
+
+void initialize(void* base, const void* context) {
   auto* file = static_cast<DemandFile*>(base);
   std::memset(static_cast<void*>(file), 0, sizeof(DemandFile));
-  std::memcpy(file->magic, kMagic, sizeof kMagic);
-  file->version = kVersion;
-  file->slots = kDemandSlots;
+  file->header = header_for(*static_cast<const contract::DeviceKey*>(context));
+}
+
+// Why the header at `file` is not the one for `key`, or nullptr.
+const char* header_fault(const DemandHeader& header, const contract::DeviceKey& key) {
+  if (std::memcmp(header.magic, kMagic, sizeof kMagic) != 0) return "not a coordination file";
+  if (header.version != kVersion || header.slots != kDemandSlots) {
+    return "a coordination file of another version";
+  }
+  if (header.checksum != header_checksum(header)) return "its header fails its checksum";
+  if (std::memcmp(header.device, key.text, sizeof key.text) != 0) {
+    return "the coordination file of another device";
+  }
+  return nullptr;
 }
 
 }  // namespace
 
-bool Demand::open(const char* directory, std::uint64_t group_id, ErrorText& error) {
-  char path[4096];
-  if (!format_bounded(path, sizeof path, error, "%s/tessera.demand", directory)) return false;
-  if (!map_shared_file(path, sizeof(DemandFile), initialize, nullptr, mapping_, error))
-    return false;
+bool Demand::open(const char* path, const contract::DeviceKey& key, std::uint64_t group_id,
+                  ErrorText& error) {
+  close();
+  if (!map_shared_file(path, sizeof(DemandFile), initialize, &key, mapping_, error)) return false;
+  guard_against_truncation(mapping_);
+  fchmod(mapping_.fd, 0666);  // groups of other users use it too (refused unless it is ours)
   auto* file = static_cast<DemandFile*>(mapping_.base);
-  if (std::memcmp(file->magic, kMagic, sizeof kMagic) != 0 || file->version != kVersion ||
-      file->slots != kDemandSlots) {
+  const DemandHeader header = file->header;
+  if (const char* fault = header_fault(header, key); fault != nullptr) {
     mapping_.close();
-    return error.set("%s: not a Tessera demand file of this version", path);
+    return error.set("%s: %s (device %s)", path, fault, key.text);
   }
   file_ = file;
+  verified_ = header;
   group_ = group_id;
+  mine_ = -1;
   return true;
 }
 
-bool Demand::open_beside(const char* ledger_path, ErrorText& error) {
+void Demand::close() {
+  mapping_.close();
+  file_ = nullptr;
+}
+
+bool Demand::intact() const {
+  return file_ != nullptr && std::memcmp(&file_->header, &verified_, sizeof verified_) == 0;
+}
+
+bool Demand::repair(ErrorText& error) {
+  if (file_ == nullptr) return error.set("no coordination file is open");
   struct stat status {};
-  if (stat(ledger_path, &status) != 0) {
-    return error.set("%s: cannot read its identity for the demand file", ledger_path);
+  if (fstat(mapping_.fd, &status) != 0 ||
+      (static_cast<std::size_t>(status.st_size) != sizeof(DemandFile) &&
+       ftruncate(mapping_.fd, static_cast<off_t>(sizeof(DemandFile))) != 0)) {
+    return error.set("a coordination file cut short cannot be made whole: %s",
+                     std::strerror(errno));
   }
-  char directory[4096];
-  if (!format_bounded(directory, sizeof directory, error, "%s", ledger_path)) return false;
-  const auto group = static_cast<std::uint64_t>(status.st_ino);
-  char* slash = std::strrchr(directory, '/');
-  if (slash == nullptr) return open(".", group, error);
-  *slash = '\0';
-  return open(directory, group, error);
+  if (mmap(mapping_.base, mapping_.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+           mapping_.fd, 0) == MAP_FAILED) {
+    return error.set("a coordination file cannot be mapped again: %s", std::strerror(errno));
+  }
+  if (!intact()) file_->header = verified_;
+  return true;
 }
 
 bool Demand::stamp_is_recent(std::uint64_t stamp, std::uint64_t now_ns, std::uint64_t window_ns) {
   // A stamp far ahead of now is from before a reboot (CLOCK_MONOTONIC restarted): not recent.
   return stamp + window_ns >= now_ns && stamp <= now_ns + kStaleNs;
-}
-
-bool Demand::slot_is_stale(const DemandFile::Slot& slot, std::uint64_t now_ns) {
-  for (const auto& stamp : slot.last_launch_ns) {
-    if (stamp_is_recent(stamp.load(std::memory_order_relaxed), now_ns, kStaleNs)) return false;
-  }
-  return true;
 }
 
 // The group's slot: its own, else a free one, else one no group has stamped for a minute
@@ -75,9 +115,10 @@ int Demand::claim(std::uint64_t now_ns) {
     DemandFile::Slot& slot = file_->slot[i];
     std::uint64_t owner = slot.group.load();
     if (owner == group_) return i;
-    if ((owner == 0 || slot_is_stale(slot, now_ns)) &&
-        slot.group.compare_exchange_strong(owner, group_)) {
-      for (auto& stamp : slot.last_launch_ns) stamp.store(0, std::memory_order_relaxed);
+    const bool stale =
+        !stamp_is_recent(slot.last_launch_ns.load(std::memory_order_relaxed), now_ns, kStaleNs);
+    if ((owner == 0 || stale) && slot.group.compare_exchange_strong(owner, group_)) {
+      slot.last_launch_ns.store(0, std::memory_order_relaxed);
       return i;
     }
     if (owner == group_) return i;  // another member of the group claimed it first
@@ -85,35 +126,34 @@ int Demand::claim(std::uint64_t now_ns) {
   return -1;
 }
 
-void Demand::stamp(int device, std::uint64_t now_ns) {
+void Demand::stamp(std::uint64_t now_ns) {
   if (mine_ < 0 || file_->slot[mine_].group.load(std::memory_order_relaxed) != group_) {
     mine_ = claim(now_ns);
     if (mine_ < 0) return;  // every slot in use within the last minute
   }
-  std::atomic<std::uint64_t>& last = file_->slot[mine_].last_launch_ns[device];
+  std::atomic<std::uint64_t>& last = file_->slot[mine_].last_launch_ns;
   const std::uint64_t previous = last.load(std::memory_order_relaxed);
   if (now_ns >= previous + kStampResolutionNs || now_ns < previous) {
     last.store(now_ns, std::memory_order_relaxed);
   }
 }
 
-bool Demand::others_active(int device, std::uint64_t now_ns, std::uint64_t window_ns) const {
+bool Demand::others_active(std::uint64_t now_ns, std::uint64_t window_ns) const {
   for (const auto& slot : file_->slot) {
     const std::uint64_t owner = slot.group.load(std::memory_order_relaxed);
     if (owner == 0 || owner == group_) continue;
-    if (stamp_is_recent(slot.last_launch_ns[device].load(std::memory_order_relaxed), now_ns,
-                        window_ns)) {
+    if (stamp_is_recent(slot.last_launch_ns.load(std::memory_order_relaxed), now_ns, window_ns)) {
       return true;
     }
   }
   return false;
 }
 
-void Demand::add_high_work(int device, std::uint64_t launch_ns, std::uint64_t cost_ns,
+void Demand::add_high_work(std::uint64_t launch_ns, std::uint64_t cost_ns,
                            std::uint32_t tolerance_percent) {
-  file_->high_launch_ns[device].store(cost_ns, std::memory_order_relaxed);
-  file_->high_tolerance_percent[device].store(tolerance_percent, std::memory_order_relaxed);
-  std::atomic<std::uint64_t>& until = file_->high_work_until_ns[device];
+  file_->high_launch_ns.store(cost_ns, std::memory_order_relaxed);
+  file_->high_tolerance_percent.store(tolerance_percent, std::memory_order_relaxed);
+  std::atomic<std::uint64_t>& until = file_->high_work_until_ns;
   std::uint64_t queued = until.load(std::memory_order_relaxed);
   std::uint64_t start = 0;
   do {
@@ -121,17 +161,17 @@ void Demand::add_high_work(int device, std::uint64_t launch_ns, std::uint64_t co
   } while (!until.compare_exchange_weak(queued, start + cost_ns, std::memory_order_relaxed));
   if (queued != 0 && queued < launch_ns && launch_ns - queued < kStaleNs) {
     const std::uint64_t index =
-        file_->high_gap_count[device].fetch_add(1, std::memory_order_relaxed) % kGapSamples;
-    file_->high_gap_ns[device][index].store(launch_ns - queued, std::memory_order_relaxed);
+        file_->high_gap_count.fetch_add(1, std::memory_order_relaxed) % kGapSamples;
+    file_->high_gap_ns[index].store(launch_ns - queued, std::memory_order_relaxed);
   }
 }
 
-Demand::LowPlacement Demand::place_low_work(int device, std::uint64_t now_ns,
+Demand::LowPlacement Demand::place_low_work(std::uint64_t now_ns,
                                             std::uint64_t high_idle_since_ns, std::uint64_t cost_ns,
                                             std::uint64_t queue_allowed_ns) {
-  const std::uint64_t seen = file_->high_gap_count[device].load(std::memory_order_relaxed);
+  const std::uint64_t seen = file_->high_gap_count.load(std::memory_order_relaxed);
   const int samples = seen < kGapSamples ? static_cast<int>(seen) : kGapSamples;
-  std::atomic<std::uint64_t>& until = file_->low_work_until_ns[device];
+  std::atomic<std::uint64_t>& until = file_->low_work_until_ns;
   std::uint64_t placed = until.load(std::memory_order_relaxed);
   for (;;) {
     const std::uint64_t start = placed > now_ns && placed <= now_ns + kStaleNs ? placed : now_ns;
@@ -147,7 +187,7 @@ Demand::LowPlacement Demand::place_low_work(int device, std::uint64_t now_ns,
       std::uint64_t shortest = UINT64_MAX;
       int longer = 0;
       for (int i = 0; i < samples; ++i) {
-        const std::uint64_t gap = file_->high_gap_ns[device][i].load(std::memory_order_relaxed);
+        const std::uint64_t gap = file_->high_gap_ns[i].load(std::memory_order_relaxed);
         if (gap <= idle || gap > kStaleNs) continue;  // a gap over a minute is no pattern
         ++longer;
         if (gap < shortest) shortest = gap;
@@ -167,9 +207,40 @@ Demand::LowPlacement Demand::place_low_work(int device, std::uint64_t now_ns,
   }
 }
 
-std::uint64_t Demand::high_work_until(int device, std::uint64_t now_ns) const {
-  const std::uint64_t until = file_->high_work_until_ns[device].load(std::memory_order_relaxed);
+std::uint64_t Demand::high_work_until(std::uint64_t now_ns) const {
+  const std::uint64_t until = file_->high_work_until_ns.load(std::memory_order_relaxed);
   return until <= now_ns + kStaleNs ? until : 0;
+}
+
+bool prepare_coordination_file(const char* path, const contract::DeviceKey& key, bool& repaired,
+                               ErrorText& error) {
+  repaired = false;
+  SharedMapping mapping;
+  if (!map_shared_file(path, sizeof(DemandFile), initialize, &key, mapping, error)) {
+    // Cut short or grown: its size is restored in place, so the containers that have it
+    // mounted (the same file) find it whole again.
+    if (truncate(path, static_cast<off_t>(sizeof(DemandFile))) != 0 ||
+        !map_shared_file(path, sizeof(DemandFile), initialize, &key, mapping, error)) {
+      return false;
+    }
+    repaired = true;
+  }
+  fchmod(mapping.fd, 0666);  // the container's processes, whatever their user, coordinate in it
+  auto* file = static_cast<DemandFile*>(mapping.base);
+  if (header_fault(file->header, key) != nullptr) {
+    file->header = header_for(key);
+    repaired = true;
+  }
+  mapping.close();
+  return true;
+}
+
+std::uint64_t group_identity(const char* ledger_path) {
+  struct stat status {};
+  if (stat(ledger_path, &status) != 0) return 0;
+  const std::uint64_t identity = (static_cast<std::uint64_t>(status.st_dev) << 40) ^
+                                 static_cast<std::uint64_t>(status.st_ino);
+  return identity != 0 ? identity : 1;
 }
 
 }  // namespace tessera::ledger

@@ -17,6 +17,9 @@
 #include <set>
 #include <sstream>
 
+#include "contract/annotations.h"
+#include "contract/api_paths.h"
+#include "contract/gpu_numbering.h"
 #include "kube/json_input.h"
 #include "kube/objects.h"
 #include "kube/reflector.h"
@@ -33,8 +36,6 @@ constexpr auto kConfigPoll = std::chrono::seconds(2);  // a missed file event is
 constexpr auto kRegistrationRetry = std::chrono::seconds(1);
 constexpr auto kCollectEvery = std::chrono::seconds(60);  // ledgers of pods gone
 constexpr auto kPublishRetry = std::chrono::seconds(5);
-constexpr const char* kConfigAnnotation = "tessera.io/config";
-constexpr const char* kConfigErrorAnnotation = "tessera.io/config-error";
 
 // Watches a directory for `mask`; -1 if inotify is unavailable (the caller polls instead).
 int watch_directory(const std::string& directory, std::uint32_t mask) {
@@ -111,14 +112,14 @@ std::string fingerprint(const std::string& directory, const std::string& file) {
 }
 
 std::string node_label_of(const nlohmann::json& node) {
-  return kube::string_at(
-      node, nlohmann::json::json_pointer("/metadata/labels/nvidia.com~1device-plugin.config"));
+  const nlohmann::json* label = kube::find_at(node, {"metadata", "labels", contract::kConfigLabel});
+  return label != nullptr && label->is_string() ? label->get<std::string>() : std::string();
 }
 
 }  // namespace
 
 NodeAgent::NodeAgent(NodeAgentOptions options)
-    : options_(std::move(options)), metrics_renderer_(options_.state_dir + "/containers") {
+    : options_(std::move(options)), metrics_renderer_(contract::StateLayout(options_.state_dir)) {
   if (!options_.report) options_.report = [](const std::string&) {};
 }
 
@@ -170,16 +171,19 @@ void NodeAgent::start() {
 
   std::error_code error;
   fs::create_directories(options_.device_plugin_dir, error);
-  fs::create_directories(options_.state_dir + "/lib", error);
-  SliceFiles files{options_.state_dir + "/lib/libtessera-cuda.so",
-                   options_.state_dir + "/lib/ld.so.preload", options_.state_dir + "/containers"};
-  if (!options_.hook_library.empty()) install_file(options_.hook_library, files.hook_library);
-  slices_ = std::make_unique<SliceAllocator>(options_.api.get(), options_.node_name, files,
-                                             [this](const std::string& text) { say(text); });
-  slices_->prepare();
+  const contract::StateLayout layout(options_.state_dir);
+  std::unique_ptr<PodResourcesClient> kubelet;
+  if (options_.api != nullptr && !options_.pod_resources_socket.empty()) {
+    kubelet = std::make_unique<PodResourcesClient>(options_.pod_resources_socket);
+  }
+  grants_ = std::make_unique<ContainerGrants>(layout, options_.api.get(), options_.node_name,
+                                              std::move(kubelet),
+                                              [this](const std::string& text) { say(text); });
+  grants_->prepare(inventory_);
+  if (!options_.hook_library.empty()) install_file(options_.hook_library, layout.hook_library());
 
   if (options_.api != nullptr) {
-    const kube::ApiResponse node = options_.api->get("/api/v1/nodes/" + options_.node_name);
+    const kube::ApiResponse node = options_.api->get(contract::api::node(options_.node_name));
     if (node.status == 200) {
       try {
         node_label_ = node_label_of(kube::parse_outside_json(node.body));
@@ -193,8 +197,10 @@ void NodeAgent::start() {
                       options_.node_name, node.status, node.error));
     }
   } else {
-    say("no API server: serving the kubelet from the config alone; node labels, the "
-        "tessera.io/gpus annotation and slices' scheduler assignments need one");
+    say(fmt::format(
+        "no API server: serving the kubelet from the config alone; node labels, the {} "
+        "annotation and the limits of slices' pods need one",
+        contract::kGpusAnnotation));
   }
 
   // The first config must be good: there is nothing older to keep serving.
@@ -346,8 +352,20 @@ std::unique_ptr<DevicePluginServer> NodeAgent::make_server(const std::string& re
     const auto state = served();
     const Resource* served_resource = state->map.find(resource);
     if (served_resource == nullptr) throw AllocationError(resource + " is no longer served");
-    return preferred_allocation(*served_resource, available, required, size,
-                                options_.replica_policy);
+    return grants_->prefer(inventory_, *served_resource, available, required, size,
+                           scheduler_numbering(*state), [&] {
+                             return preferred_allocation(*served_resource, available, required,
+                                                         size, options_.replica_policy);
+                           });
+  };
+  // With a cluster, the kubelet calls PreStartContainer before each container of every
+  // resource starts: a container of slices gets its limits there (container_grants.h).
+  callbacks.pre_start_required = options_.api != nullptr;
+  callbacks.pre_start = [this, resource](const std::vector<std::string>& ids) {
+    const auto state = served();
+    const Resource* served_resource = state->map.find(resource);
+    if (served_resource == nullptr) throw AllocationError(resource + " is no longer served");
+    grants_->pre_start(inventory_, *served_resource, ids, scheduler_numbering(*state));
   };
   callbacks.allocate = [this, resource](const std::vector<std::string>& ids) {
     return allocate(resource, ids);
@@ -374,17 +392,17 @@ ContainerAllocation NodeAgent::allocate(const std::string& resource,
   if (served_resource == nullptr) {
     throw AllocationError(fmt::format("{} is no longer served on this node", resource));
   }
-  if (served_resource->kind == ResourceKind::slices) {
-    return slices_->allocate(inventory_, state->config, *served_resource, ids, health_);
+  if (limited_kind(served_resource->kind)) {
+    return grants_->allocate(inventory_, state->config, *served_resource, ids, health_);
   }
   ContainerAllocation allocation = expose_devices(
       inventory_, state->config, requested_devices(*served_resource, ids), random_uuid());
   if (served_resource->mps) {
     add_mps_access(allocation, state->config, resource);
-    const SliceGrant grant = mps_container_grant(inventory_, *served_resource, ids);
+    const ContainerGrant grant = mps_container_grant(inventory_, *served_resource, ids);
     say(fmt::format("mps: {} on GPU(s) {}: {} for all the container's processes",
                     fmt::join(ids, ","), fmt::format("{}", fmt::join(grant.gpus, ",")),
-                    slices_->add_ledger(allocation, grant)));
+                    grants_->add_ledger(allocation, inventory_, *served_resource, ids, grant)));
   }
   return allocation;
 }
@@ -492,7 +510,7 @@ void NodeAgent::watch_config() {
 }
 
 void NodeAgent::watch_node() {
-  const std::string path = "/api/v1/nodes?fieldSelector=metadata.name%3D" + options_.node_name;
+  const std::string path = contract::api::node_named(options_.node_name);
   auto take = [this](const nlohmann::json& node) {
     const std::string label = node.is_null() ? std::string() : node_label_of(node);
     bool changed = false;
@@ -502,7 +520,7 @@ void NodeAgent::watch_node() {
       node_label_ = label;
     }
     if (changed) {
-      say(fmt::format("node label {} is now '{}'", kConfigLabel, label));
+      say(fmt::format("node label {} is now '{}'", contract::kConfigLabel, label));
       reload();
     }
   };
@@ -533,14 +551,18 @@ void NodeAgent::publish_loop() {
   std::time_t applied_at = std::time(nullptr);
   std::uint64_t labelled_generation = 0;
   while (!stopping_) {
+    bool due = false;
     {
       std::unique_lock<std::mutex> locked(publish_mutex_);
       publish_wanted_.wait_for(locked, kPublishRetry,
                                [this] { return publish_pending_ || stopping_.load(); });
       if (stopping_) return;
-      if (!publish_pending_ && Clock::now() - last_collect < kCollectEvery) continue;
+      due = publish_pending_ || Clock::now() - last_collect >= kCollectEvery;
       publish_pending_ = false;
     }
+    // A coordination file written over is made whole for the containers using it.
+    grants_->repair_coordination(inventory_);
+    if (!due) continue;
     const auto state = served();
     std::string error;
     std::uint64_t generation = 0;
@@ -575,12 +597,12 @@ void NodeAgent::publish_loop() {
           {"metadata",
            {{"labels", patch_labels},
             {"annotations",
-             {{kGpusAnnotation, kube::dump_outside_json(annotation)},
-              {kConfigAnnotation, state->config.name},
-              {kConfigErrorAnnotation,
+             {{contract::kGpusAnnotation, kube::dump_outside_json(annotation)},
+              {contract::kConfigAnnotation, state->config.name},
+              {contract::kConfigErrorAnnotation,
                error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))}}}}}};
-      const kube::ApiResponse answer = options_.api->patch("/api/v1/nodes/" + options_.node_name,
-                                                           kube::dump_outside_json(patch));
+      const kube::ApiResponse answer =
+          options_.api->patch(contract::api::node(options_.node_name), kube::dump_outside_json(patch));
       if (answer.status == 200) {
         published_labels_ = labels;
       } else {
@@ -592,7 +614,7 @@ void NodeAgent::publish_loop() {
       if (Clock::now() - last_collect >= kCollectEvery) {
         last_collect = Clock::now();
         const kube::ApiResponse pods =
-            options_.api->get("/api/v1/pods?fieldSelector=spec.nodeName%3D" + options_.node_name);
+            options_.api->get(contract::api::pods_on_node(options_.node_name));
         if (pods.status == 200) {
           try {
             std::set<std::string> uids;
@@ -601,7 +623,7 @@ void NodeAgent::publish_loop() {
                 items != nullptr && items->is_array()) {
               for (const auto& pod : *items)
                 uids.insert(kube::string_at(pod, "/metadata/uid"_json_pointer));
-              const int removed = slices_->collect(uids);
+              const int removed = grants_->collect(uids);
               if (removed > 0) say(fmt::format("removed {} ledger(s) of containers gone", removed));
             }
           } catch (const std::exception& failure) {
@@ -616,6 +638,11 @@ void NodeAgent::publish_loop() {
       publish_pending_ = true;
     }
   }
+}
+
+std::vector<std::string> NodeAgent::scheduler_numbering(const Served& state) const {
+  return contract::scheduler_numbering(
+      gpus_annotation(inventory_, state.map, health_, state.config.strategy())["gpus"]);
 }
 
 std::string NodeAgent::metrics() {

@@ -31,7 +31,7 @@
 #include "node/nvml.h"
 #include "node/plugin_server.h"
 #include "node/resources.h"
-#include "node/slices.h"
+#include "node/container_grants.h"
 
 namespace tessera::node {
 
@@ -43,8 +43,10 @@ struct NodeAgentOptions {
   std::string config_dir;    // named configs, a file each (a mounted ConfigMap)
   std::string config_name;   // the config to use when no node label names one
   std::string features_dir;  // empty: no features file
-  std::string state_dir = "/var/lib/tessera";
+  std::string state_dir = "/var/lib/tessera";  // laid out as contract/host_layout.h says
   std::string hook_library;  // installed into state_dir for containers with slices
+  // The kubelet's pod-resources API: whose devices a container's are (container_grants.h).
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
   std::string mps_control = "nvidia-cuda-mps-control";  // run for sharing.mps (PATH if no '/')
   std::string nvidia_smi = "nvidia-smi";  // run for flags.computeTimeslice (PATH if no '/')
   std::chrono::milliseconds mps_check_every{1000};
@@ -96,13 +98,15 @@ class NodeAgent {
   void publish_loop();
   void request_publish();
   void say(const std::string& text) const;
+  // The scheduler's numbering of this node's GPUs, as the served config has them.
+  std::vector<std::string> scheduler_numbering(const Served& state) const;
 
   NodeAgentOptions options_;
   std::unique_ptr<Nvml> nvml_;
   Inventory inventory_;
   HealthBoard health_;
   ChangeSignal changes_;
-  std::unique_ptr<SliceAllocator> slices_;
+  std::unique_ptr<ContainerGrants> grants_;
   std::unique_ptr<HealthMonitor> monitor_;
   std::unique_ptr<MpsSupervisor> mps_;
   int applied_timeslice_ = -1;  // the time slice last set on the GPUs; -1: never

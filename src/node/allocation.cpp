@@ -8,6 +8,8 @@
 #include <random>
 #include <set>
 
+#include "contract/variables.h"
+
 namespace tessera::node {
 namespace {
 
@@ -230,9 +232,9 @@ ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfi
     }
   }
   const DeviceListStrategies& strategies = config.flags.device_list;
-  if (strategies.envvar) allocation.envs["NVIDIA_VISIBLE_DEVICES"] = join(ids, ",");
+  if (strategies.envvar) allocation.envs[contract::kVisibleDevicesVariable] = join(ids, ",");
   if (strategies.volume_mounts) {
-    allocation.envs["NVIDIA_VISIBLE_DEVICES"] = kVolumeMountRoot;
+    allocation.envs[contract::kVisibleDevicesVariable] = kVolumeMountRoot;
     for (const std::string& id : ids) {
       allocation.mounts.push_back({std::string(kVolumeMountRoot) + "/" + id, "/dev/null", false});
     }

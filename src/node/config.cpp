@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "contract/annotations.h"
 #include "common/text.h"
 #include "common/units.h"
 #include "kube/objects.h"
@@ -309,8 +310,16 @@ SharedResources shared_resources(Reader& reader, const YAML::Node& node, const s
   SharedResources section;
   if (reader.is_absent(node)) return section;
   reader.expect_map(node, path);
-  reader.check_keys(node, path, {"renameByDefault", "failRequestsGreaterThanOne", "resources"});
+  if (slices) {
+    reader.check_keys(node, path,
+                      {"renameByDefault", "failRequestsGreaterThanOne", "gpushare", "resources"});
+  } else {
+    reader.check_keys(node, path, {"renameByDefault", "failRequestsGreaterThanOne", "resources"});
+  }
   section.present = true;
+  if (slices && node["gpushare"]) {
+    section.gpushare = reader.boolean(node["gpushare"], Reader::join(path, "gpushare"));
+  }
   if (node["renameByDefault"]) {
     section.rename_by_default =
         reader.boolean(node["renameByDefault"], Reader::join(path, "renameByDefault"));
@@ -810,7 +819,7 @@ PluginConfig choose_config(const ConfigSet& set, const ConfigChoice& choice) {
                                   because, name.substr(0, 200), names.empty() ? "none" : names));
   };
   if (!choice.label.empty())
-    return named(choice.label, std::string("the node label ") + kConfigLabel);
+    return named(choice.label, std::string("the node label ") + contract::kConfigLabel);
   if (!choice.fallback.empty()) return named(choice.fallback, "--config");
   if (set.configs.size() + set.refused.size() == 1) {
     if (!set.refused.empty()) throw ConfigError(set.refused.begin()->second);

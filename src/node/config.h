@@ -54,6 +54,9 @@ struct SharedResource {
 struct SharedResources {
   bool rename_by_default = false;
   bool fail_requests_greater_than_one = false;
+  // Slices only: also advertise every sliced GPU's memory as gpushare's aliyun.com/gpu-mem,
+  // one device per GiB, for gpushare's pods (docs/kubernetes.md, migrating from gpushare).
+  bool gpushare = false;
   std::vector<SharedResource> resources;
   bool present = false;  // the section was in the file
 };
@@ -143,6 +146,5 @@ struct ConfigChoice {
 };
 PluginConfig choose_config(const ConfigSet& set, const ConfigChoice& choice);
 
-inline constexpr const char* kConfigLabel = "nvidia.com/device-plugin.config";
 
 }  // namespace tessera::node

@@ -26,7 +26,9 @@ const char* gpu_sharing(const ResourceMap& map, int gpu, SharingStrategy strateg
   }
   for (const Resource& resource : map.resources) {
     for (const AdvertisedDevice& device : resource.devices) {
-      if (device.gpu != gpu || device.replica < 0) continue;
+      // gpushare's memory units ride on GPUs sliced under another resource.
+      if (device.gpu != gpu || device.replica < 0 || resource.kind == ResourceKind::gpushare)
+        continue;
       slices = resource.replicas;
       if (resource.kind == ResourceKind::slices) return sharing_label(SharingStrategy::slices);
       return sharing_label(strategy);

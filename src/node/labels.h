@@ -33,9 +33,9 @@ std::string gpu_family(int major, int minor);
 void write_features_file(const std::string& directory, const Labels& labels);
 inline constexpr const char* kFeaturesFileName = "tessera-gpu";
 
-// The tessera.io/gpus annotation: every GPU the node serves, with its UUID, model, memory,
-// sharing mode, slices and health; GPUs appear in the order the scheduler numbers them.
-inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
+// The tessera.io/gpus annotation (contract::kGpusAnnotation): every GPU the node serves, with
+// its UUID, model, memory, sharing mode, slices and health, in the inventory's order;
+// contract/gpu_numbering.h says which the scheduler numbers.
 nlohmann::json gpus_annotation(const Inventory& inventory, const ResourceMap& map,
                                const HealthBoard& health, SharingStrategy strategy);
 

@@ -4,14 +4,14 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/limits.h"
 #include "common/priority.h"
-#include "kube/json_input.h"
+#include "contract/owner_record.h"
 #include "ledger/ledger.h"
 
 namespace tessera::node {
@@ -63,38 +63,27 @@ struct Group {
   std::string damage;
 };
 
-std::vector<Group> read_groups(const std::string& root, const Inventory& inventory) {
+std::vector<Group> read_groups(const contract::StateLayout& layout, const Inventory& inventory) {
   std::vector<Group> groups;
   std::error_code error;
-  for (const auto& entry : fs::directory_iterator(root, error)) {
+  for (const auto& entry : fs::directory_iterator(layout.containers(), error)) {
     Group group;
     group.directory = entry.path().filename().string();
-    nlohmann::json owner = nlohmann::json::object();
-    try {
-      std::ifstream input(entry.path() / "owner.json");
-      std::string text((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());
-      if (text.size() < 65536) owner = kube::parse_outside_json(text);
-    } catch (const std::exception&) {
-    }
-    auto field = [&](const char* name) {
-      return owner.is_object() && owner.contains(name) && owner[name].is_string()
-                 ? owner[name].get<std::string>()
-                 : std::string();
-    };
-    if (owner.is_object() && owner.contains("gpus") && owner["gpus"].is_array()) {
-      for (const auto& gpu : owner["gpus"]) {
-        if (gpu.is_number_integer() && gpu.get<int>() >= 0 &&
-            static_cast<std::size_t>(gpu.get<int>()) < inventory.gpus.size()) {
-          group.gpus.push_back(gpu.get<int>());
-        }
+    std::string unreadable;
+    const std::optional<contract::OwnerRecord> owner =
+        contract::read_owner_record(layout.owner_record(group.directory), unreadable);
+    if (!owner || !owner->limits_written) continue;  // not started yet: no limits to show
+    for (const int gpu : owner->gpus) {
+      if (gpu >= 0 && static_cast<std::size_t>(gpu) < inventory.gpus.size()) {
+        group.gpus.push_back(gpu);
       }
     }
     group.labels = fmt::format("namespace=\"{}\",pod=\"{}\",container=\"{}\"",
-                               metric_label(field("namespace")), metric_label(field("pod")),
-                               metric_label(field("container")));
+                               metric_label(owner->pod_namespace), metric_label(owner->pod_name),
+                               metric_label(owner->container));
     ledger::Ledger ledger;
     ErrorText refused;
-    const std::string path = (entry.path() / "group.ledger").string();
+    const std::string path = layout.ledger(group.directory);
     if (!ledger.open(path.c_str(), refused)) {
       group.damage = refused.text;
     } else {
@@ -205,7 +194,7 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
                       status.config_refused ? 1 : 0),
           1);
 
-  const std::vector<Group> groups = read_groups(ledger_root_, inventory);
+  const std::vector<Group> groups = read_groups(layout_, inventory);
   const std::uint64_t now = monotonic_ns();
   std::lock_guard<std::mutex> locked(mutex_);
   std::map<std::string, Sample> current;

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "contract/host_layout.h"
 #include "node/health.h"
 #include "node/nvml.h"
 
@@ -30,15 +31,15 @@ struct AgentStatus {
   bool config_refused = false;  // the last config read was refused; the previous one serves
 };
 
-// Renders the metrics; reads the container groups' ledgers under `ledger_root`. The achieved
+// Renders the metrics; reads the containers' owner records and ledgers in the state directory. The achieved
 // compute share of a group is measured between two renders (the first shows none).
 class MetricsRenderer {
  public:
-  explicit MetricsRenderer(std::string ledger_root) : ledger_root_(std::move(ledger_root)) {}
+  explicit MetricsRenderer(contract::StateLayout layout) : layout_(std::move(layout)) {}
   std::string render(const AgentStatus& status);
 
  private:
-  std::string ledger_root_;
+  contract::StateLayout layout_;
   std::mutex mutex_;
   struct Sample {
     std::uint64_t device_time_ns = 0, at_ns = 0;

@@ -35,6 +35,11 @@ std::string resource_directory(const PluginConfig& config, const std::string& re
   return (fs::path(config.flags.mps_root) / resource).string();
 }
 
+// The MPS shared memory every client of the node's daemons maps, given to containers as /dev/shm.
+std::string shm_directory(const PluginConfig& config) {
+  return (fs::path(config.flags.mps_root) / "shm").string();
+}
+
 // Runs `control -f` with the daemon's environment; its PID, or 0 (with errno's reason).
 pid_t spawn_daemon(const std::string& control, const MpsDaemonSpec& spec, std::string& why) {
   std::map<std::string, std::string> variables;
@@ -90,6 +95,7 @@ std::vector<MpsDaemonSpec> mps_daemon_specs(const Inventory& inventory, const Pl
     const std::string root = resource_directory(config, resource.name);
     spec.pipe_dir = root + "/pipe";
     spec.log_dir = root + "/log";
+    spec.shm_dir = shm_directory(config);
     const int replicas = std::max(resource.replicas, 1);
     spec.thread_percentage = std::max(100 / replicas, 1);
     for (const AdvertisedDevice& device : resource.devices) {
@@ -109,9 +115,9 @@ std::uint64_t mps_replica_memory(std::uint64_t memory_bytes, int replicas) {
   return memory_bytes / static_cast<std::uint64_t>(std::max(replicas, 1)) / kMiB * kMiB;
 }
 
-SliceGrant mps_container_grant(const Inventory& inventory, const Resource& resource,
+ContainerGrant mps_container_grant(const Inventory& inventory, const Resource& resource,
                                const std::vector<std::string>& ids) {
-  SliceGrant grant;
+  ContainerGrant grant;
   grant.gpus = requested_gpus(resource, ids);
   for (const int gpu : grant.gpus) {
     const std::uint64_t share = mps_replica_memory(
@@ -136,8 +142,7 @@ void add_mps_access(ContainerAllocation& allocation, const PluginConfig& config,
   const std::string pipe = resource_directory(config, resource) + "/pipe";
   allocation.envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
   allocation.mounts.push_back({pipe, pipe, false});
-  allocation.mounts.push_back(
-      {"/dev/shm", (fs::path(config.flags.mps_root) / "shm").string(), false});
+  allocation.mounts.push_back({"/dev/shm", shm_directory(config), false});
 }
 
 std::optional<std::string> mps_command(const std::string& pipe_dir, const std::string& command,
@@ -197,6 +202,7 @@ bool MpsSupervisor::start(Daemon& daemon, std::string& why) {
   std::error_code error;
   fs::create_directories(daemon.spec.pipe_dir, error);
   fs::create_directories(daemon.spec.log_dir, error);
+  fs::create_directories(daemon.spec.shm_dir, error);  // mounted into its clients' containers
   daemon.pid = spawn_daemon(control_, daemon.spec, why);
   if (daemon.pid == 0) return false;
   const auto deadline = Clock::now() + kStartPatience;

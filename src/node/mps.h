@@ -23,7 +23,7 @@
 #include "node/health.h"
 #include "node/nvml.h"
 #include "node/resources.h"
-#include "node/slices.h"
+#include "node/container_grants.h"
 
 namespace tessera::node {
 
@@ -35,6 +35,7 @@ struct MpsDaemonSpec {
   std::vector<std::uint64_t> pinned_bytes;  // per GPU: its memory / replicas
   int thread_percentage = 100;              // 100 / replicas
   std::string pipe_dir, log_dir;            // <mpsRoot>/<resource>/pipe and /log
+  std::string shm_dir;                      // <mpsRoot>/shm
   bool operator==(const MpsDaemonSpec&) const = default;
 };
 
@@ -54,7 +55,7 @@ std::uint64_t mps_replica_memory(std::uint64_t memory_bytes, int replicas);
 // The limits a container of an MPS resource is held to across all its processes (MPS holds
 // each process alone): on each GPU, the pinned memory of the replicas it was given. No compute
 // share: MPS's thread percentage already caps its SMs.
-SliceGrant mps_container_grant(const Inventory& inventory, const Resource& resource,
+ContainerGrant mps_container_grant(const Inventory& inventory, const Resource& resource,
                                const std::vector<std::string>& ids);
 
 // Sends one control command to the daemon of `pipe_dir`; its answer, or nothing if no daemon

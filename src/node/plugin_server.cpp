@@ -43,7 +43,7 @@ class DevicePluginServer::Service final : public v1beta1::DevicePlugin::Service 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                       v1beta1::DevicePluginOptions* options) override {
     options->set_get_preferred_allocation_available(true);
-    options->set_pre_start_required(false);
+    options->set_pre_start_required(owner_.callbacks_.pre_start_required);
     return grpc::Status::OK;
   }
 
@@ -134,8 +134,12 @@ class DevicePluginServer::Service final : public v1beta1::DevicePlugin::Service 
   grpc::Status PreStartContainer(grpc::ServerContext*,
                                  const v1beta1::PreStartContainerRequest* request,
                                  v1beta1::PreStartContainerResponse*) override {
-    if (owner_.callbacks_.pre_start) {
+    if (!owner_.callbacks_.pre_start) return grpc::Status::OK;
+    try {
       owner_.callbacks_.pre_start({request->devices_ids().begin(), request->devices_ids().end()});
+    } catch (const std::exception& refused) {  // the container does not start; the kubelet
+      ++owner_.refusals_;                      // retries it and shows why
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, refused.what());
     }
     return grpc::Status::OK;
   }
@@ -194,6 +198,7 @@ bool DevicePluginServer::register_with_kubelet(std::string& error) const {
   request.set_endpoint(socket_name_);
   request.set_resource_name(resource_);
   request.mutable_options()->set_get_preferred_allocation_available(true);
+  request.mutable_options()->set_pre_start_required(callbacks_.pre_start_required);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1beta1::Empty answer;

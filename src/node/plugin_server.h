@@ -50,7 +50,9 @@ struct PluginCallbacks {
       prefer;
   // Throws AllocationError with the reason the kubelet shows.
   std::function<ContainerAllocation(const std::vector<std::string>& ids)> allocate;
+  // Throws AllocationError with the reason the kubelet shows; the container does not start.
   std::function<void(const std::vector<std::string>& ids)> pre_start;
+  bool pre_start_required = false;  // the kubelet must call pre_start before each container starts
 };
 
 inline constexpr const char* kKubeletSocket = "kubelet.sock";

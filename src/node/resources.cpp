@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "contract/pod_resources.h"
 #include "mig/catalog.h"
 
 namespace tessera::node {
@@ -188,6 +189,36 @@ void add_shared(ResourceMap& map, Units& units, const SharedResources& section,
   }
 }
 
+// gpushare's aliyun.com/gpu-mem: every sliced GPU's memory, one device per GiB, as gpushare's
+// device plugin advertises it.
+void add_gpushare(ResourceMap& map, const Inventory& inventory, const PluginConfig& config) {
+  const std::string name = contract::resource_name(contract::PodResource::gpushare_memory);
+  std::set<int> sliced;
+  for (const Resource& resource : map.resources) {
+    if (resource.kind != ResourceKind::slices) continue;
+    for (const AdvertisedDevice& device : resource.devices) {
+      if (device.replica >= 0) sliced.insert(device.gpu);
+    }
+  }
+  if (sliced.empty()) {
+    map.notes.push_back(fmt::format("{}: sharing.slices.gpushare: no GPU is sliced here; {} is "
+                                    "not served",
+                                    config.origin, name));
+    return;
+  }
+  Resource& units = resource_named(map, name, ResourceKind::gpushare);
+  units.replicas = 0;  // per GPU, as its memory has GiB
+  for (const int gpu : sliced) {
+    const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
+    const auto gib = static_cast<int>(info.memory_bytes / contract::kGpushareUnitBytes);
+    for (int unit = 0; unit < gib; ++unit) {
+      units.devices.push_back(AdvertisedDevice{
+          fmt::format("{}{}{}", info.uuid, contract::kGpushareIdSeparator, unit), gpu, unit,
+          info.numa_node, -1});
+    }
+  }
+}
+
 }  // namespace
 
 const AdvertisedDevice* Resource::find(const std::string& id) const {
@@ -215,7 +246,8 @@ const Resource* ResourceMap::find(const std::string& name) const {
 }
 
 std::string base_device_id(const std::string& id) {
-  return id.substr(0, id.find("::"));
+  const std::size_t unit = id.find(contract::kGpushareIdSeparator);
+  return id.substr(0, unit != std::string::npos ? unit : id.find("::"));
 }
 
 ResourceMap build_resource_map(const Inventory& inventory, const PluginConfig& config) {
@@ -242,6 +274,7 @@ ResourceMap build_resource_map(const Inventory& inventory, const PluginConfig& c
     add_shared(map, units, config.slices, config.slices.resources[i], ResourceKind::slices, false,
                fmt::format("{}: sharing.slices.resources[{}]", config.origin, i));
   }
+  if (config.slices.gpushare) add_gpushare(map, inventory, config);
   // What no sharing took stays whole under its own name, as NVIDIA's plugin leaves it: beside
   // the replicas in one resource when these are not renamed.
   for (const auto& [name, left] : units) {

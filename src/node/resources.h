@@ -2,8 +2,9 @@
 // node agent advertises and with which device IDs, exactly as NVIDIA's plugin makes them:
 // whole GPUs under nvidia.com/gpu with their UUIDs; time-slicing and MPS replicas as
 // <uuid>::<i>, under nvidia.com/gpu or, renamed, nvidia.com/gpu.shared; and Tessera's slices,
-// which advertise nvidia.com/gpu as HAMi does (a count of slices per GPU), their limits set at
-// Allocate from the scheduler's assignment.
+// which advertise nvidia.com/gpu as HAMi does (a count of slices per GPU), their limits set
+// from the pod the kubelet gave them to; with `gpushare`, the same GPUs' memory as gpushare's
+// aliyun.com/gpu-mem, one device per GiB (<uuid>-_-<i>).
 #pragma once
 
 #include <string>
@@ -14,12 +15,18 @@
 
 namespace tessera::node {
 
-enum class ResourceKind { whole, replicated, slices };
+// gpushare: memory units of sliced GPUs (aliyun.com/gpu-mem), limited as slices are.
+enum class ResourceKind { whole, replicated, slices, gpushare };
+
+// Whether a resource's containers are given the hook, a ledger and their limits.
+inline bool limited_kind(ResourceKind kind) {
+  return kind == ResourceKind::slices || kind == ResourceKind::gpushare;
+}
 
 struct AdvertisedDevice {
   std::string id;    // what the kubelet sees
   int gpu = -1;      // the inventory's index of the GPU behind it
-  int replica = -1;  // -1 for a whole GPU (or MIG device)
+  int replica = -1;  // -1 for a whole GPU (or MIG device); a gpushare device's GiB
   int numa_node = -1;
   int mig = -1;  // the GPU's MIG device (GpuInfo::mig_devices) it stands for; -1: the GPU
 };
