@@ -96,6 +96,7 @@ int run_command(const RunOptions& options) {
   if (!options.priority.empty()) {
     spec.priority = options.priority == "high" ? Priority::high : Priority::low;
   }
+  spec.burst = options.burst;
   const auto cores = static_cast<std::uint32_t>(options.cores.value_or(0));
   for (auto& percent : spec.limits.core_percent) percent = options.device ? 0 : cores;
   spec.limits.core_percent[0] = cores;

@@ -14,6 +14,8 @@ inline constexpr const char* kAssignmentAnnotation = "tessera.io/assignment";
 inline constexpr const char* kPolicyAnnotation = "tessera.io/policy";
 // Its containers' priority on their GPUs: high or low (beside HAMi's nvidia.com/priority).
 inline constexpr const char* kPriorityAnnotation = "tessera.io/priority";
+// "true": its containers may use device time beyond their gpucores that no one else wants.
+inline constexpr const char* kBurstAnnotation = "tessera.io/burst";
 // HAMi's and NVIDIA's, read as they mean there.
 inline constexpr const char* kHamiPolicyAnnotation = "hami.io/gpu-scheduler-policy";
 inline constexpr const char* kUseGpuTypeAnnotation = "nvidia.com/use-gputype";

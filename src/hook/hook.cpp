@@ -218,6 +218,7 @@ bool open_ledger(Hook& state, const DeviceLimits& limits) {
     return true;  // nothing to enforce: forward every call untouched
   }
   state.ledger.set_process_limits(limits);
+  state.burst = state.burst || state.ledger.group_bursts();  // its creator's word, or its own
   state.priority = state.ledger.effective_priority(state.priority);
   if (!state.ledger.join(state.failure)) return false;
   state.accounting = true;

@@ -259,6 +259,14 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
     }
     request.priority_annotation = priority == "high" ? Priority::high : Priority::low;
   }
+  if (annotations.contains(contract::kBurstAnnotation)) {
+    const std::string burst = text_of(annotations[contract::kBurstAnnotation]);
+    if (burst != "true" && burst != "false") {
+      throw std::runtime_error(fmt::format("pod {}: annotation {}='{}' must be true or false",
+                                           label, contract::kBurstAnnotation, burst.substr(0, 40)));
+    }
+    request.burst = burst == "true";
+  }
   return request;
 }
 

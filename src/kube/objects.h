@@ -32,6 +32,7 @@ struct PodRequest {
   std::string policy;  // tessera.io/policy or HAMi's gpu-scheduler-policy
   std::int64_t gpushare_gib = 0;  // aliyun.com/gpu-mem, summed: GiB of one GPU
   Priority priority_annotation = Priority::none;  // tessera.io/priority
+  bool burst = false;                             // tessera.io/burst
   struct Container {
     std::string name;
     // Its own limits (the pod's above are sums over its containers).

@@ -23,6 +23,7 @@ void initialize_file(void* base, const void* context) {
   file->max_members = kMaxMembers;
   std::strncpy(file->group_name, spec.name, sizeof file->group_name - 1);
   file->priority = static_cast<std::uint32_t>(spec.priority);
+  file->burst = spec.burst ? 1 : 0;
   for (int device = 0; device < kMaxDevices; ++device) {
     file->memory_limit[device] = spec.limits.memory_bytes[device];
     file->core_percent[device] = spec.limits.core_percent[device];
@@ -73,6 +74,9 @@ bool Ledger::validate(const char* path, ErrorText& error) const {
     return error.set("%s: priority %u is not one Tessera knows: corrupt ledger", path,
                      file_->priority);
   }
+  if (file_->burst > 1) {
+    return error.set("%s: burst %u is neither 0 nor 1: corrupt ledger", path, file_->burst);
+  }
   int bad_slot = 0;
   if (!accounts_look_valid(file_->accounts, bad_slot)) {
     return error.set("%s: member slot %d has an invalid state: corrupt ledger", path, bad_slot);
@@ -91,6 +95,7 @@ bool Ledger::attach(const char* path, ErrorText& error) {
     file_limits_.core_percent[device] = file_->core_percent[device];
   }
   file_priority_ = static_cast<Priority>(file_->priority);
+  file_burst_ = file_->burst != 0;
   std::memcpy(verified_header_, file_, sizeof verified_header_);
   std::snprintf(path_, sizeof path_, "%s", path);
   damage_ = ErrorText{};
@@ -110,6 +115,12 @@ bool Ledger::create_or_open(const char* path, const GroupSpec& spec, ErrorText& 
     close();
     return error.set("%s: group exists with priority %s; this run asks for %s", path,
                      priority_name(existing), priority_name(spec.priority));
+  }
+  if (file_burst_ != spec.burst) {
+    const bool existing = file_burst_;
+    close();
+    return error.set("%s: group exists %s bursting; this run asks %s", path,
+                     existing ? "with" : "without", spec.burst ? "for it" : "for none");
   }
   for (int device = 0; device < kMaxDevices; ++device) {
     if (file_->core_percent[device] != spec.limits.core_percent[device]) {

@@ -26,7 +26,7 @@
 
 namespace tessera::ledger {
 
-inline constexpr std::uint32_t kFormatVersion = 5;  // 3: priority; 4: slot bound; 5: held
+inline constexpr std::uint32_t kFormatVersion = 6;  // 3: priority; 4: slot bound; 5: held; 6: burst
 
 struct LedgerFile {
   // Written once by the creator; covered by `checksum`.
@@ -39,6 +39,7 @@ struct LedgerFile {
   std::uint64_t memory_limit[kMaxDevices];  // kUnlimited where none
   std::uint32_t core_percent[kMaxDevices];  // compute share; 0 where none
   std::uint32_t priority;                   // a Priority
+  std::uint32_t burst;                      // 1: may use device time no other group wants
   std::uint64_t checksum;
 
   // What a context was last measured to cost on each device: members charge this before
@@ -57,6 +58,7 @@ struct GroupSpec {
   const char* name = "";
   DeviceLimits limits;
   Priority priority = Priority::none;
+  bool burst = false;
 };
 
 struct DeviceUsage {
@@ -99,6 +101,8 @@ class Ledger {
     return lower_priority(file_priority_, process);
   }
   Priority group_priority() const { return file_priority_; }
+  // Whether the group may burst into device time no other group wants, as its creator said.
+  bool group_bursts() const { return file_burst_; }
   std::uint64_t effective_limit(int device) const;
   std::uint32_t effective_cores(int device) const;
 
@@ -157,6 +161,7 @@ class Ledger {
   MemberAccounts accounts_;
   DeviceLimits file_limits_;  // as validated at open: later writes to the file change nothing
   Priority file_priority_ = Priority::none;
+  bool file_burst_ = false;
   DeviceLimits process_limits_;
   // The creator-written part of the file as validated, through the checksum.
   unsigned char verified_header_[offsetof(LedgerFile, checksum) + sizeof(std::uint64_t)] = {};

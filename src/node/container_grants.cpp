@@ -109,6 +109,7 @@ ContainerGrant pod_grant(const Inventory& inventory, const std::vector<int>& gpu
   ContainerGrant grant;
   grant.gpus = gpus;
   grant.priority = kube::container_priority(pod, container);
+  grant.burst = pod.burst;
   // A GPU count alone asks for whole GPUs; memory or cores ask for part of each.
   const bool whole = container.gpumem_mib == 0 && container.gpumem_percent == 0 &&
                      container.gpucores == 0 && container.gpushare_gib == 0;
@@ -284,6 +285,7 @@ void ContainerGrants::write_ledger(const std::string& id, const contract::OwnerR
       (record.pod_name.empty() ? id : record.pod_name + "/" + record.container).substr(0, 63);
   spec.name = name.c_str();
   spec.priority = grant.priority;
+  spec.burst = grant.burst;
   for (std::size_t i = 0; i < grant.gpus.size() && i < static_cast<std::size_t>(kMaxDevices);
        ++i) {
     spec.limits.memory_bytes[i] = grant.memory_bytes[i];
@@ -414,6 +416,7 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
                                               : pod_grant(inventory, record.gpus, pod, *container,
                                                           assignment ? assignment->milli : 0);
   grant.priority = kube::container_priority(pod, *container);
+  grant.burst = pod.burst;
   grant.source = fmt::format("pod {} (container {})", label, holder->container);
   record.pod_namespace = pod.namespace_name;
   record.pod_name = pod.name;
@@ -425,9 +428,11 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   if (!contract::write_owner_record(layout_.owner_record(id), record, failure)) {
     throw AllocationError(failure);
   }
-  report_(fmt::format("{}: {} on GPU(s) {}: memory {}, cores {}, priority {} ({})", resource.name,
-                      id_list(ids), fmt::join(grant.gpus, ","), fmt::join(grant.memory_bytes, ","),
-                      fmt::join(grant.cores, ","), priority_name(grant.priority), grant.source));
+  report_(fmt::format("{}: {} on GPU(s) {}: memory {}, cores {}{}, priority {} ({})",
+                      resource.name, id_list(ids), fmt::join(grant.gpus, ","),
+                      fmt::join(grant.memory_bytes, ","), fmt::join(grant.cores, ","),
+                      grant.burst ? " (bursting)" : "", priority_name(grant.priority),
+                      grant.source));
   if (assignment) {
     const int count = resource.kind == ResourceKind::gpushare
                           ? 1

@@ -49,6 +49,7 @@ struct ContainerGrant {
   std::vector<std::uint64_t> memory_bytes;  // per GPU; kUnlimited for none
   std::vector<int> cores;                   // per GPU; 0 for none
   Priority priority = Priority::none;
+  bool burst = false;  // may use device time beyond its cores that no one else wants
   std::string source;  // for the log
 };
 
