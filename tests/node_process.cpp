@@ -32,7 +32,7 @@ Environment machine(const ScratchDirectory& scratch, const std::string& devices,
 }
 
 NodeProcess::NodeProcess(const ScratchDirectory& scratch, const std::vector<std::string>& extra,
-                         const Environment& environment)
+                         const Environment& environment, const std::string& name)
     : log_(scratch.file("node.log")) {
   std::vector<std::string> argv = {"/bin/sh",
                                    "-c",
@@ -40,7 +40,7 @@ NodeProcess::NodeProcess(const ScratchDirectory& scratch, const std::vector<std:
                                    tessera(),
                                    "node",
                                    "--node-name",
-                                   "gpu-node",
+                                   name,
                                    "--device-plugin-dir",
                                    scratch.file("dp"),
                                    "--pod-resources-socket",
@@ -166,11 +166,13 @@ TestKubelet::PodSpec kubelet_pod(const nlohmann::json& pod) {
         container.contains("resources") ? container["resources"].value("limits", nlohmann::json::object())
                                         : nlohmann::json::object();
     for (const auto& [resource, value] : limits.items()) {
-      bool advertised = resource.starts_with(contract::kMigResourcePrefix);
+      // Device plugins' resources: all but the node's own and those no node advertises.
+      bool plugins = resource != "cpu" && resource != "memory" &&
+                     resource != "ephemeral-storage" && !resource.starts_with("hugepages-");
       for (const contract::PodResourceName& known : contract::kPodResources) {
-        advertised = advertised || (known.advertised && resource == known.name);
+        plugins = plugins && (known.advertised || resource != known.name);
       }
-      if (!advertised) continue;
+      if (!plugins) continue;
       entry.devices[resource] = value.is_string() ? std::stoi(value.get<std::string>()) : value.get<int>();
     }
     spec.containers.push_back(std::move(entry));

@@ -26,12 +26,12 @@ void write_config(const std::string& path, const std::string& text);
 Environment machine(const ScratchDirectory& scratch, const std::string& devices = kTwoGpus,
                     const Environment& extra = {});
 
-// A tessera node process on a private simulated machine (node "gpu-node"); its log goes to a
-// file. The kubelet's directories are the test kubelet's defaults under the scratch directory.
+// A tessera node process on a private simulated machine (node `name`); its log goes to a file.
+// The kubelet's directories are the test kubelet's defaults under the scratch directory.
 class NodeProcess {
  public:
   NodeProcess(const ScratchDirectory& scratch, const std::vector<std::string>& extra,
-              const Environment& environment);
+              const Environment& environment, const std::string& name = "gpu-node");
   // A clean stop is part of every test: a sanitizer's report in the agent exits otherwise.
   ~NodeProcess();
   bool started() const { return started_; }
@@ -70,7 +70,7 @@ std::set<std::string> ids_of(const TestKubelet::Devices& devices);
 std::function<bool(const TestKubelet::Devices&)> has_ids(const std::set<std::string>& wanted);
 
 // The pod as the kubelet admits it, from its object: each container's device-plugin resources
-// (every limit but CPU, memory and the resources no node advertises).
+// (every limit but the node's own, CPU and memory, and the resources no node advertises).
 TestKubelet::PodSpec kubelet_pod(const nlohmann::json& pod);
 // The container the runtime starts from the plugins' answers.
 ContainerSpec container_spec(const TestKubelet::AdmittedContainer& container);

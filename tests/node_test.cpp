@@ -17,9 +17,11 @@
 #include <thread>
 
 #include "contract/annotations.h"
+#include "contract/gpu_numbering.h"
 #include "contract/layout.h"
 #include "contract/variables.h"
 #include "fake_cluster.h"
+#include "kube/objects.h"
 #include "node_process.h"
 #include "ledger/ledger.h"
 #include "support.h"
@@ -804,6 +806,104 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
                         "\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node\"}"),
             static_cast<double>(6144ull << 20))
       << node.metrics();
+}
+
+// One rule numbers a node's GPUs for the scheduler, on both sides: on a node whose GPUs are
+// time-sliced (0), cut into MIG devices (1), sliced (2) and whole (3) in one config, the GPU
+// tessera scheduler chooses is the GPU the container gets, whether the pod's record names it by
+// UUID or only by the scheduler's number.
+TEST(Node, OnAMixedNodeTheSchedulersGpuIsTheGpuTheContainerGets) {
+  ScratchDirectory scratch;
+  const Environment env =
+      machine(scratch, "A100-80GB;A100-80GB;A100-80GB;A100-80GB", {{"TESSERA_SIMULATE", "1"}});
+  const std::string layout = scratch.file("mig.yaml");
+  write_config(layout,
+               "version: v1\nmig-configs:\n  gpu1:\n    - devices: [1]\n"
+               "      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 7}\n");
+  const std::vector<std::string> apply = {tessera(), "mig", "apply", "-f", layout, "-c", "gpu1"};
+  ASSERT_EQ(run(apply, env).exit_code, 3);  // MIG on waits for a reset
+  ASSERT_EQ(run({tessera(), "simgpu", "reset", "--device", "1"}, env).exit_code, 0);
+  ASSERT_EQ(run(apply, env).exit_code, 0);
+  const std::string config = scratch.file("config.yaml");
+  write_config(config,
+               "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n"
+               "    resources:\n    - name: nvidia.com/gpu\n      rename: gpu-shared\n"
+               "      devices: [0]\n      replicas: 2\n  slices:\n    resources:\n"
+               "    - name: nvidia.com/gpu\n      devices: [2]\n      replicas: 4\n");
+  FakeCluster cluster;
+  cluster.put("nodes", cluster_node("gpu-node"));
+  TestKubelet kubelet(scratch.file("dp"));
+  NodeProcess node(scratch, {"--config-file", config, "--api-server", cluster.url()}, env);
+  ASSERT_TRUE(node.started()) << node.log();
+  ASSERT_TRUE(cluster.wait_for(
+      "nodes", "gpu-node",
+      [](const nlohmann::json& object) {
+        return object["metadata"]["annotations"].contains(contract::kGpusAnnotation);
+      },
+      10s));
+  ASSERT_TRUE(kubelet.wait_for_devices(
+      "nvidia.com/gpu", [](const TestKubelet::Devices& devices) { return devices.size() == 5; },
+      10s))
+      << "four slices of GPU 2 and GPU 3 whole\n"
+      << node.log();
+  const nlohmann::json gpus = nlohmann::json::parse(
+      cluster.get("nodes", "gpu-node")->at("metadata").at("annotations").at(
+          contract::kGpusAnnotation).get<std::string>());
+  std::vector<std::string> sharing;
+  for (const auto& gpu : gpus["gpus"]) sharing.push_back(gpu["sharing"]);
+  EXPECT_EQ(sharing, (std::vector<std::string>{"timeslice", "mig", "slices", "none"}));
+
+  SchedulerProcess scheduler(cluster, env);
+  // A slice, then a whole GPU (GPU 2 holds a slice now: GPU 3), each placed and admitted; the
+  // whole GPU's record names it by number alone, as an older scheduler wrote it.
+  const std::vector<std::pair<nlohmann::json, int>> pods = {
+      {gpu_pod("slice", 1, 10240, 20), 2}, {gpu_pod("whole", 1), 3}};
+  for (const auto& [object, expected] : pods) {
+    const std::string name = object["metadata"]["name"];
+    cluster.put("pods", object);
+    std::string why;
+    ASSERT_EQ(scheduler.schedule(*cluster.get("pods", "default/" + name), {"gpu-node"}, why),
+              "gpu-node")
+        << why;
+    nlohmann::json pod = *cluster.get("pods", "default/" + name);
+    kube::RecordedAssignment record = kube::assignment_from_annotation(
+        pod["metadata"]["annotations"][contract::kAssignmentAnnotation]);
+    ASSERT_EQ(record.gpus.size(), 1u);
+    const std::vector<std::string> numbering = contract::scheduler_numbering(gpus["gpus"]);
+    ASSERT_EQ(numbering.at(static_cast<std::size_t>(record.gpus[0])),
+              simulated_gpu_uuid(expected))
+        << "the scheduler's choice for " << name;
+    if (name == "whole") {
+      record.uuids.clear();
+      cluster.patch("pods", "default/" + name,
+                    {{"metadata",
+                      {{"annotations",
+                        {{contract::kAssignmentAnnotation, kube::assignment_annotation(record)}}}}}});
+      pod = *cluster.get("pods", "default/" + name);
+    }
+    std::vector<TestKubelet::AdmittedContainer> admitted;
+    ASSERT_TRUE(kubelet.admit(kubelet_pod(pod), admitted).ok()) << node.log();
+    ASSERT_TRUE(kubelet.start("default", name, "main").ok()) << node.log();
+    EXPECT_EQ(container_spec(admitted.front()).envs.at(contract::kVisibleDevicesVariable),
+              simulated_gpu_uuid(expected))
+        << name << ": the container's GPU is the scheduler's";
+  }
+  // The kubelet's own pods: a MIG device and a time-sliced replica, on GPUs 1 and 0.
+  nlohmann::json mig = gpu_pod("mig", 0);
+  mig["spec"]["containers"][0]["resources"]["limits"] = {{"nvidia.com/mig-1g.10gb", 1}};
+  nlohmann::json shared = gpu_pod("shared", 0);
+  shared["spec"]["containers"][0]["resources"]["limits"] = {{"nvidia.com/gpu-shared", 1}};
+  for (const auto& [object, uuid_prefix] :
+       {std::pair{mig, std::string("MIG-")}, std::pair{shared, simulated_gpu_uuid(0)}}) {
+    std::vector<TestKubelet::AdmittedContainer> admitted;
+    ASSERT_TRUE(kubelet.admit(kubelet_pod(object), admitted).ok()) << node.log();
+    EXPECT_EQ(container_spec(admitted.front())
+                  .envs.at(contract::kVisibleDevicesVariable)
+                  .rfind(uuid_prefix, 0),
+              0u);
+  }
+  EXPECT_EQ(node.log().find("where the scheduler assigned others"), std::string::npos)
+      << "no container got another GPU than its scheduler's";
 }
 
 }  // namespace

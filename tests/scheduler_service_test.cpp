@@ -14,6 +14,9 @@
 #include <set>
 #include <thread>
 
+#include "contract/annotations.h"
+#include "contract/pod_resources.h"
+#include "mig/catalog.h"
 #include "fake_cluster.h"
 #include "kube/api_client.h"
 #include "kube/lease.h"
@@ -578,6 +581,37 @@ TEST(Manifests, TheSchedulerDeploymentRunsKubeSchedulerBesideTheExtenderAndTheyA
   for (const YAML::Node& pod : manifests.of("Pod")) {
     EXPECT_EQ(pod["spec"]["schedulerName"].as<std::string>(""), name);
   }
+}
+
+// kube-scheduler consults the extender only for pods asking a managed resource, and leaves a pod
+// Pending ("Insufficient ...") that asks a resource no node advertises unless told to ignore it.
+// The list is derived from what the extender reads (contract/pod_resources.h) and every MIG
+// profile's resource: a resource read there and left out here fails this test.
+TEST(Manifests, TheExtenderManagesEveryResourceItReadsAndKubeSchedulerIgnoresTheUnadvertised) {
+  const YAML::Node config = YAML::Load(
+      read_text_file(std::string(TESSERA_SOURCE_DIR) + "/deploy/scheduler-config.yaml"));
+  std::map<std::string, bool> managed;  // name -> ignoredByScheduler
+  for (const YAML::Node& entry : config["extenders"][0]["managedResources"]) {
+    managed[entry["name"].as<std::string>()] = entry["ignoredByScheduler"].as<bool>(false);
+  }
+  std::map<std::string, bool> wanted;
+  for (const contract::PodResourceName& resource : contract::kPodResources) {
+    wanted[resource.name] = !resource.advertised;
+  }
+  for (const mig::GpuModel& model : mig::builtin_catalog()) {
+    for (const mig::Profile& profile : model.profiles) {
+      wanted[std::string(contract::kMigResourcePrefix) +
+             mig::resource_profile_name(profile.name)] = false;
+    }
+  }
+  EXPECT_EQ(managed, wanted);
+  // gpushare's pods name their scheduler: a profile of the same kube-scheduler answers to it.
+  std::set<std::string> profiles;
+  for (const YAML::Node& profile : config["profiles"]) {
+    profiles.insert(profile["schedulerName"].as<std::string>());
+  }
+  EXPECT_EQ(profiles, (std::set<std::string>{contract::kSchedulerName,
+                                             contract::kGpushareSchedulerName}));
 }
 
 }  // namespace

@@ -89,7 +89,10 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       }
       continue;
     }
-    if (mode == contract::kSharingTimeSlicing || mode == contract::kSharingMps) continue;
+    if (mode == contract::kSharingTimeSlicing || mode == contract::kSharingMps) {
+      ++info.kubelet_counted_gpus;
+      continue;
+    }
     if (!contract::scheduler_numbers(mode)) {
       throw std::runtime_error(fmt::format(
           "sharing '{}' is not none, slices, timeslice, mps or mig", mode.substr(0, 40)));
@@ -155,6 +158,11 @@ NodeInfo node_from_json(const nlohmann::json& node) {
         info.spec.name, kGpusAnnotation, error.what()));
   }
   return info;
+}
+
+bool kubelet_counts(const NodeInfo& node, const PodRequest& pod) {
+  return pod.gpus > 0 && pod.gpumem_mib == 0 && pod.gpumem_percent == 0 && pod.gpucores == 0 &&
+         node.spec.gpus == 0 && node.kubelet_counted_gpus > 0;
 }
 
 Request request_on(const Cluster& cluster, const PodRequest& pod, std::int64_t gpu_memory_mib) {

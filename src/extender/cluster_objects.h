@@ -40,7 +40,14 @@ struct NodeInfo {
   NodeSpec spec;
   std::int64_t gpu_memory_mib = 0;     // each GPU's memory
   std::vector<std::string> gpu_uuids;  // in the engine's numbering; empty if not given
+  // GPUs the kubelet counts out replica by replica (time-sliced, MPS): whole-GPU pods may use
+  // them, the kubelet's count deciding, and the engine holds nothing of them.
+  int kubelet_counted_gpus = 0;
 };
+
+// Whether `pod` asks for GPUs the kubelet alone counts on this node: whole GPUs, on a node
+// whose GPUs are all time-sliced or shared through MPS.
+bool kubelet_counts(const NodeInfo& node, const PodRequest& pod);
 
 // Throws std::runtime_error naming the node and the field at fault.
 NodeInfo node_from_json(const nlohmann::json& node);

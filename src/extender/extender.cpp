@@ -60,7 +60,8 @@ bool same_node(const NodeInfo& a, const NodeInfo& b) {
   return a.spec.cpu_milli == b.spec.cpu_milli && a.spec.memory_mib == b.spec.memory_mib &&
          a.spec.gpus == b.spec.gpus && a.spec.model == b.spec.model &&
          a.gpu_memory_mib == b.gpu_memory_mib && a.spec.whole_only_gpus == b.spec.whole_only_gpus &&
-         a.gpu_uuids == b.gpu_uuids && a.spec.mig == b.spec.mig;
+         a.gpu_uuids == b.gpu_uuids && a.spec.mig == b.spec.mig &&
+         a.kubelet_counted_gpus == b.kubelet_counted_gpus;
 }
 
 }  // namespace
@@ -183,6 +184,10 @@ void Extender::apply_locked(Hold& hold) {
   const auto found = index_.find(hold.node);
   if (found == index_.end()) return;  // its node is unknown or gone
   const NodeInfo& info = nodes_.at(hold.node);
+  if (kubelet_counts(info, hold.pod)) {  // the kubelet counts its GPUs: its CPU and memory here
+    hold.gpus.clear();
+    hold.choose_gpus = false;
+  }
   const int gpus_here = cluster_->nodes()[found->second].gpus;
   Request request = request_on(*cluster_, hold.pod, info.gpu_memory_mib);
   request.gpu_milli = std::min(request.gpu_milli, kMilli);  // a GPU is held whole at most
@@ -371,6 +376,13 @@ std::string Extender::refusal_locked(const PodRequest& pod, const std::string& n
   if (found == index_.end()) return "node unknown to Tessera";
   index = found->second;
   const NodeInfo& info = nodes_.at(node);
+  if (kubelet_counts(info, pod)) {  // its replicas are the kubelet's to count: CPU and memory here
+    PodRequest host_only = pod;
+    host_only.gpus = 0;
+    request = request_on(*cluster_, host_only, info.gpu_memory_mib);
+    return cluster_->fits(cluster_->nodes()[index], request) ? std::string()
+                                                              : "not enough CPU or memory";
+  }
   if (pod.gpus > 0) {
     if (cluster_->nodes()[index].gpus == 0)
       return fmt::format("node has no GPUs Tessera knows of ({})", kGpusAnnotation);

@@ -739,10 +739,14 @@ PluginConfig parse_plugin_config(std::string_view text, const std::string& origi
   if (config.mps.present && config.time_slicing.present) {
     reader.fail("sharing", "timeSlicing and mps are both set; a node shares its GPUs one way");
   }
+  // One resource may be cut into slices on some GPUs and time-sliced on others, each section
+  // naming its GPUs; not both on the same ones (then the second finds them taken).
   if (config.slices.present && (config.mps.present || config.time_slicing.present)) {
     for (const SharedResource& slice : config.slices.resources) {
       for (const SharedResource& other : config.replicated().resources) {
-        if (slice.name == other.name) {
+        const bool listed = slice.devices.kind == DeviceSelection::Kind::list &&
+                            other.devices.kind == DeviceSelection::Kind::list;
+        if (slice.name == other.name && !listed) {
           reader.fail("sharing.slices",
                       fmt::format("{} is also shared by {}; a resource is shared one way",
                                   slice.name, config.mps.present ? "mps" : "timeSlicing"));
