@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "contract/annotations.h"
 #include "sched/trace.h"
 
 extern char** environ;
@@ -53,10 +54,8 @@ class FakeApiServer {
                                 {{"cpu", fmt::format("{}m", node.cpu_milli)},
                                  {"memory", fmt::format("{}Mi", node.memory_mib)}}}}}};
       if (node.gpus > 0) {
-        item["metadata"]["annotations"]["tessera.io/gpus"] = nlohmann::json{
-            {"model", node.model},
-            {"count", node.gpus},
-            {"memory_mib", 32768}}.dump();
+        item["metadata"]["annotations"][tessera::contract::kGpusAnnotation] = nlohmann::json{
+            {"model", node.model}, {"count", node.gpus}, {"memory_mib", 32768}}.dump();
       }
       list["items"].push_back(item);
     }

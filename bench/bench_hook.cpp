@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "contract/variables.h"
 #include "cuda_abi/cuda_abi.h"
 
 namespace {
@@ -195,7 +196,7 @@ BENCHMARK(ContendedAllocFree)
 int main(int argc, char** argv) {
   // A memory limit is in force for the hooked runs (each process its own private group, or
   // the group named by TESSERA_LEDGER, as bench/run.sh sets up for the contended case).
-  setenv("TESSERA_MEMORY_LIMIT", "64GiB", 0);
+  setenv(tessera::contract::kMemoryLimitVariable, "64GiB", 0);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

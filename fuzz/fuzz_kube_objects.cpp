@@ -53,6 +53,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       broken("pod percentages");
     }
     if (pod.mig.size() > 16) broken("pod MIG profiles");
+    if (pod.gpushare_gib < 0 || (pod.gpushare_gib > 0 && pod.gpus != 1)) {
+      broken("a gpushare pod is not one GPU's GiB");
+    }
+    for (const PodRequest::Container& container : pod.containers) {
+      if (container.gpus < 0 || container.gpumem_mib < 0 || container.gpucores < 0 ||
+          container.gpushare_gib < 0 || container.hami_priority < -1 ||
+          container.hami_priority > 1) {
+        broken("a container's own request");
+      }
+      (void)tessera::kube::container_priority(pod, container);
+    }
     for (const auto& [profile, count] : pod.mig) {
       if (profile.empty() || profile.size() > 32 || count < 0) broken("pod MIG request");
     }

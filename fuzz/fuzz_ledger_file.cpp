@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "contract/layout.h"
 #include "fuzz_input.h"
 #include "ledger/ledger.h"
 
@@ -36,7 +37,7 @@ struct Fixture {
   Fixture() {
     char directory[] = "/tmp/tessera-fuzz-ledger-XXXXXX";
     if (mkdtemp(directory) == nullptr) broken("no temporary directory");
-    path = std::string(directory) + "/group.ledger";
+    path = std::string(directory) + "/" + contract::kLedgerFileName;
     limits.memory_bytes[0] = kLimit;
     Ledger ledger;
     ErrorText error;

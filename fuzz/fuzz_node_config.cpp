@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "contract/annotations.h"
 #include "extender/cluster_objects.h"
 #include "fuzz_input.h"
 #include "node/config.h"
@@ -82,7 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   HealthBoard health(4);
   const nlohmann::json annotation = gpus_annotation(inventory, map, health, config.strategy());
   nlohmann::json node = {
-      {"metadata", {{"name", "n"}, {"annotations", {{kGpusAnnotation, annotation.dump()}}}}},
+      {"metadata",
+       {{"name", "n"}, {"annotations", {{tessera::contract::kGpusAnnotation, annotation.dump()}}}}},
       {"status", {{"allocatable", {{"cpu", "8"}, {"memory", "8Gi"}}}}}};
   try {
     const tessera::extender::NodeInfo info = tessera::extender::node_from_json(node);

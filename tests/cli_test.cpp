@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "contract/variables.h"
 #include "ledger/ledger.h"
 #include "support.h"
 
@@ -112,7 +113,9 @@ TEST(Cli, TopShowsTheTimeALowPriorityGroupGaveWayAndTheToleranceIsPassedOn) {
   const Finished passed = run(
       {tessera(), "run", "--priority", "high", "--priority-tolerance", "20", "--", "/usr/bin/env"},
       environment);
-  EXPECT_NE(passed.out.find("TESSERA_PRIORITY_TOLERANCE=20\n"), std::string::npos) << passed.out;
+  EXPECT_NE(passed.out.find(std::string(contract::kPriorityToleranceVariable) + "=20\n"),
+            std::string::npos)
+      << passed.out;
   for (const auto& [arguments, message] :
        {std::pair{std::vector<std::string>{"--priority", "high", "--priority-tolerance", "0"},
                   "--priority-tolerance 0 must be from 1 to 100"},
@@ -164,7 +167,7 @@ TEST(Cli, CoresGiveTheGroupAComputeShareThatTopShows) {
       << urgent.err;
   // The group's processes are told their priority, and top shows the group's.
   const Finished told = run({tessera(), "run", "--memory", "1GiB", "--priority", "low", "--group",
-                             "batch", "--keep", "--", "printenv", "TESSERA_PRIORITY"},
+                             "batch", "--keep", "--", "printenv", contract::kPriorityVariable},
                             environment);
   EXPECT_EQ(told.out, "low\n") << told.err;
   const Finished table = run({tessera(), "top", "--once", "--interval", "0.1"}, environment);
@@ -367,7 +370,7 @@ TEST(Cli, CoresAloneGiveAComputeShareWithUnlimitedMemory) {
   ASSERT_EQ(done.exit_code, 0) << done.err;
   EXPECT_EQ(done.number("total"), 81559 * kMiB);  // the whole H100: no memory limit
   const Finished told = run({tessera(), "run", "--cores", "30", "--", "printenv",
-                             "TESSERA_CORE_LIMIT", "TESSERA_MEMORY_LIMIT"},
+                             contract::kCoreLimitVariable, contract::kMemoryLimitVariable},
                             cli_environment(scratch));
   EXPECT_EQ(told.out, "30\n") << told.err;  // and no memory limit variable at all
   EXPECT_EQ(told.exit_code, 1);             // printenv: one of the two is unset

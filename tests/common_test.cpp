@@ -7,6 +7,7 @@
 #include "common/handle_table.h"
 #include "common/limits.h"
 #include "common/units.h"
+#include "contract/variables.h"
 
 namespace tessera {
 namespace {
@@ -48,14 +49,15 @@ TEST(ParseSize, RefusesWhatIsNotASize) {
 TEST(MemoryLimits, OneSizeAppliesToEveryDevice) {
   DeviceLimits limits;
   ErrorText error;
-  ASSERT_TRUE(parse_memory_limit_list("TESSERA_MEMORY_LIMIT", "8GiB", limits, error));
+  ASSERT_TRUE(parse_memory_limit_list(contract::kMemoryLimitVariable, "8GiB", limits, error));
   for (std::uint64_t bytes : limits.memory_bytes) EXPECT_EQ(bytes, 8ull << 30);
 }
 
 TEST(MemoryLimits, PerDeviceListSetsOnlyThoseDevices) {
   DeviceLimits limits;
   ErrorText error;
-  ASSERT_TRUE(parse_memory_limit_list("TESSERA_MEMORY_LIMIT", "0=8GiB,3=4GiB", limits, error));
+  ASSERT_TRUE(
+      parse_memory_limit_list(contract::kMemoryLimitVariable, "0=8GiB,3=4GiB", limits, error));
   EXPECT_EQ(limits.memory_bytes[0], 8ull << 30);
   EXPECT_EQ(limits.memory_bytes[3], 4ull << 30);
   EXPECT_EQ(limits.memory_bytes[1], kUnlimited);
@@ -71,12 +73,13 @@ TEST(MemoryLimits, ASecondSourceCanOnlyLower) {
 }
 
 TEST(MemoryLimits, ErrorsNameTheVariableAndTheValue) {
+  const std::string variable = contract::kMemoryLimitVariable;
   struct Case {
     const char* value;
-    const char* expected;
+    std::string expected;
   } cases[] = {
-      {"8XB", "TESSERA_MEMORY_LIMIT='8XB': '8XB' is not a size"},
-      {"0=", "TESSERA_MEMORY_LIMIT='0=': '' is not a size"},
+      {"8XB", variable + "='8XB': '8XB' is not a size"},
+      {"0=", variable + "='0=': '' is not a size"},
       {"16=1G", "'16=1G' is not DEVICE=SIZE"},
       {"a=1G", "'a=1G' is not DEVICE=SIZE"},
       {"0=1G,", "'' is not DEVICE=SIZE"},
@@ -85,7 +88,7 @@ TEST(MemoryLimits, ErrorsNameTheVariableAndTheValue) {
   for (const Case& c : cases) {
     DeviceLimits limits;
     ErrorText error;
-    EXPECT_FALSE(parse_memory_limit_list("TESSERA_MEMORY_LIMIT", c.value, limits, error))
+    EXPECT_FALSE(parse_memory_limit_list(contract::kMemoryLimitVariable, c.value, limits, error))
         << c.value;
     EXPECT_NE(std::string(error.text).find(c.expected), std::string::npos)
         << c.value << " gave: " << error.text;
@@ -93,13 +96,14 @@ TEST(MemoryLimits, ErrorsNameTheVariableAndTheValue) {
 }
 
 TEST(MemoryLimits, HamiVariablesAreRead) {
-  setenv("CUDA_DEVICE_MEMORY_LIMIT", "6g", 1);
-  setenv("CUDA_DEVICE_MEMORY_LIMIT_1", "2048m", 1);
+  setenv(contract::kHamiMemoryLimitVariable, "6g", 1);
+  const std::string second = std::string(contract::kHamiMemoryLimitVariable) + "_1";
+  setenv(second.c_str(), "2048m", 1);
   DeviceLimits limits;
   ErrorText error;
   EXPECT_TRUE(memory_limits_from_environment(limits, error)) << error.text;
-  unsetenv("CUDA_DEVICE_MEMORY_LIMIT");
-  unsetenv("CUDA_DEVICE_MEMORY_LIMIT_1");
+  unsetenv(contract::kHamiMemoryLimitVariable);
+  unsetenv(second.c_str());
   EXPECT_EQ(limits.memory_bytes[0], 6ull << 30);
   EXPECT_EQ(limits.memory_bytes[1], 2ull << 30);
 }

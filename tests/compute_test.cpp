@@ -18,8 +18,9 @@
 #include <tuple>
 
 #include "common/clock.h"
-#include "ledger/ledger.h"
+#include "contract/variables.h"
 #include "device_record.h"
+#include "ledger/ledger.h"
 #include "simgpu/sim_machine.h"
 #include "support.h"
 
@@ -34,8 +35,9 @@ class ComputeShare : public ::testing::TestWithParam<std::tuple<int, const char*
 TEST_P(ComputeShare, AGroupGetsItsShareWhateverItsKernelsAndLaunchPath) {
   ScratchDirectory scratch;
   const auto [percent, kernel, mode] = GetParam();
-  const Finished done = run({worker(), "saturate", mode, kernel, "2.5"},
-                            hooked(scratch, {{"TESSERA_CORE_LIMIT", std::to_string(percent)}}));
+  const Finished done =
+      run({worker(), "saturate", mode, kernel, "2.5"},
+          hooked(scratch, {{contract::kCoreLimitVariable, std::to_string(percent)}}));
   ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
   const std::uint64_t from = done.number("begin_ns") + kSettle;
   const double share =
@@ -92,7 +94,7 @@ std::vector<std::vector<Member>> saturate_groups(
     for (int i = 0; i < groups[g].second; ++i) {
       processes.push_back(std::make_unique<Running>(
           std::vector<std::string>{worker(), "saturate", "plain", kernel, seconds},
-          hooked(scratch, {{"TESSERA_LEDGER", ledger}})));
+          hooked(scratch, {{contract::kLedgerVariable, ledger}})));
       group_of.push_back(static_cast<int>(g));
     }
   }
@@ -173,44 +175,18 @@ TEST(Compute, ABurstingGroupUsesIdleTimeAndGivesItBackWithin100Ms) {
   ScratchDirectory scratch;
   const std::string bursting = group_with_share(scratch, "bursting", 30);
   const std::string other = group_with_share(scratch, "other", 70);
-  Running first({worker(), "saturate", "plain", "mid@500us", "2.0"},
-                hooked(scratch, {{"TESSERA_LEDGER", bursting}, {"TESSERA_CORE_BURST", "1"}}));
+  Running first(
+      {worker(), "saturate", "plain", "mid@500us", "2.0"},
+      hooked(scratch, {{contract::kLedgerVariable, bursting}, {contract::kBurstVariable, "1"}}));
   // The scenario: a second group arrives 0.8 s later (a time in the experiment, not a wait
   // for anything to happen).
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
   const Finished second = run({worker(), "saturate", "plain", "mid@500us", "0.8"},
-                              hooked(scratch, {{"TESSERA_LEDGER", other}}));
+                              hooked(scratch, {{contract::kLedgerVariable, other}}));
   ASSERT_EQ(second.exit_code, 0) << second.err;
   const Finished alone = first.finish();
   ASSERT_EQ(alone.exit_code, 0);
-  const auto first_pid = static_cast<std::int32_t>(alone.number("pid"));
-  const auto second_pid = static_cast<std::int32_t>(second.number("pid"));
-  const std::uint64_t arrival = second.number("begin_ns");
-  const HostRecord first_host = alone.host(), second_host = second.host();
-  // Alone, it took nearly the whole device (of the time the host let it run).
-  const std::uint64_t lone_from = alone.number("begin_ns") + kSettle;
-  const double lone = 100 * share_of(scratch, {first_pid}, lone_from, arrival);
-  const double lone_allowed = first_host.allowed(lone_from, arrival);
-  EXPECT_GT(lone, 95 * lone_allowed) << "the host let it run " << 100 * lone_allowed << " %";
-  // From 100 ms after the newcomer arrived, each has its share.
-  const std::uint64_t from = arrival + 100'000'000, to = arrival + 700'000'000;
-  const double newcomer = 100 * share_of(scratch, {second_pid}, from, to);
-  const double burster = 100 * share_of(scratch, {first_pid}, from, to);
-  const double newcomer_allowed = second_host.allowed(from, to);
-  const double burster_allowed = first_host.allowed(from, to);
-  EXPECT_LE(newcomer, 72.0) << "the newcomer's cap";
-  EXPECT_GE(newcomer, least_share(70, newcomer_allowed))
-      << "the host let the newcomer run " << 100 * newcomer_allowed << " %";
-  EXPECT_GE(burster, least_share(30, burster_allowed))
-      << "the host let the burster run " << 100 * burster_allowed << " %";
-  // While the host keeps the newcomer from the device, the device is idle for the burster to
-  // use; otherwise it keeps to its share.
-  EXPECT_LE(burster, 32.0 + 100 * (1 - newcomer_allowed))
-      << "the host let the newcomer run " << 100 * newcomer_allowed << " %";
-  report("burster_alone", lone);
-  report("burster_shared", burster);
-  report("newcomer_shared", newcomer);
-  report("host_allowed_newcomer", 100 * newcomer_allowed);
+  expect_burst_given_back(scratch, alone, second);
 }
 
 // Priority. The interactive group launches 1 ms kernels at 50 % duty and waits for each;
@@ -244,10 +220,11 @@ std::uint64_t p99_beside_batch(const ScratchDirectory& scratch, const std::strin
   const std::string high = group_with_share(scratch, "interactive", 0);
   const std::string low = group_with_share(scratch, "batch-" + batch_priority, 0);
   Running batch({worker(), "saturate", "plain", "lo@20us", "60"},
-                hooked(scratch, {{"TESSERA_LEDGER", low}, {"TESSERA_PRIORITY", batch_priority}}));
+                hooked(scratch, {{contract::kLedgerVariable, low},
+                                 {contract::kPriorityVariable, batch_priority}}));
   EXPECT_EQ(batch.read_line(), "started");
-  const Finished done =
-      interactive(scratch, {{"TESSERA_LEDGER", high}, {"TESSERA_PRIORITY", "high"}});
+  const Finished done = interactive(
+      scratch, {{contract::kLedgerVariable, high}, {contract::kPriorityVariable, "high"}});
   batch.kill_hard();
   return p99_latency(scratch, done);
 }
@@ -255,9 +232,9 @@ std::uint64_t p99_beside_batch(const ScratchDirectory& scratch, const std::strin
 TEST(Compute, HighPriorityLatencyIsBarelyTouchedByALowPrioritySaturatingGroup) {
   ScratchDirectory scratch;
   const std::string alone_ledger = group_with_share(scratch, "alone", 0);
-  const std::uint64_t alone = p99_latency(
-      scratch,
-      interactive(scratch, {{"TESSERA_LEDGER", alone_ledger}, {"TESSERA_PRIORITY", "high"}}));
+  const std::uint64_t alone =
+      p99_latency(scratch, interactive(scratch, {{contract::kLedgerVariable, alone_ledger},
+                                                 {contract::kPriorityVariable, "high"}}));
   // The scenario is a real threat: a batch group without a priority delays it by more.
   const std::uint64_t unprioritised = p99_beside_batch(scratch, "");
   EXPECT_GT(static_cast<double>(unprioritised), 1.1 * static_cast<double>(alone));
@@ -284,7 +261,8 @@ void expect_priority_promise(const char* kernel, const char* mode, int groups, i
   constexpr int kLaunches = 500;
   ScratchDirectory scratch;
   const std::string high = group_with_share(scratch, "interactive", 0);
-  const Environment high_environment = {{"TESSERA_LEDGER", high}, {"TESSERA_PRIORITY", "high"}};
+  const Environment high_environment = {{contract::kLedgerVariable, high},
+                                        {contract::kPriorityVariable, "high"}};
   const Finished lone = interactive(scratch, high_environment, load, kLaunches);
   const std::uint64_t alone = p99_latency(scratch, lone, kSettleNs);
   std::vector<std::unique_ptr<Running>> batches;
@@ -292,7 +270,7 @@ void expect_priority_promise(const char* kernel, const char* mode, int groups, i
     const std::string low = group_with_share(scratch, "batch" + std::to_string(g), 0);
     batches.push_back(std::make_unique<Running>(
         std::vector<std::string>{worker(), "saturate", mode, kernel, "60"},
-        hooked(scratch, {{"TESSERA_LEDGER", low}, {"TESSERA_PRIORITY", "low"}})));
+        hooked(scratch, {{contract::kLedgerVariable, low}, {contract::kPriorityVariable, "low"}})));
     ASSERT_EQ(batches.back()->read_line(), "started");
   }
   const Finished done = interactive(scratch, high_environment, load, kLaunches);
@@ -361,7 +339,8 @@ TEST(Compute, ALowPriorityGroupRunsAtFullSpeedWhileHighPriorityWorkIsIdle) {
   ScratchDirectory scratch;
   const std::string high = group_with_share(scratch, "interactive", 0);
   const std::string low = group_with_share(scratch, "batch", 0);
-  const Environment batch_environment = {{"TESSERA_LEDGER", low}, {"TESSERA_PRIORITY", "low"}};
+  const Environment batch_environment = {{contract::kLedgerVariable, low},
+                                         {contract::kPriorityVariable, "low"}};
   const Finished lone =
       run({worker(), "saturate", "plain", "lo@20us", "0.8"}, hooked(scratch, batch_environment));
   ASSERT_EQ(lone.exit_code, 0) << lone.err;
@@ -373,8 +352,8 @@ TEST(Compute, ALowPriorityGroupRunsAtFullSpeedWhileHighPriorityWorkIsIdle) {
   Running batch({worker(), "saturate", "plain", "lo@20us", "2.2"},
                 hooked(scratch, batch_environment));
   ASSERT_EQ(batch.read_line(), "started");
-  const Finished busy =
-      interactive(scratch, {{"TESSERA_LEDGER", high}, {"TESSERA_PRIORITY", "high"}});
+  const Finished busy = interactive(
+      scratch, {{contract::kLedgerVariable, high}, {contract::kPriorityVariable, "high"}});
   const Finished after = batch.finish();
   ASSERT_EQ(after.exit_code, 0) << after.err;
   const auto batch_pid = static_cast<std::int32_t>(after.number("pid"));
@@ -408,11 +387,13 @@ TEST(Compute, AHighPriorityGroupKilledWithWorkQueuedDoesNotHoldTheLowOneBack) {
   ScratchDirectory scratch;
   const std::string high = group_with_share(scratch, "interactive", 0);
   const std::string low = group_with_share(scratch, "batch", 0);
-  Running busy({worker(), "saturate", "plain", "hi@5ms", "60"},
-               hooked(scratch, {{"TESSERA_LEDGER", high}, {"TESSERA_PRIORITY", "high"}}));
+  Running busy(
+      {worker(), "saturate", "plain", "hi@5ms", "60"},
+      hooked(scratch, {{contract::kLedgerVariable, high}, {contract::kPriorityVariable, "high"}}));
   ASSERT_EQ(busy.read_line(), "started");
-  Running batch({worker(), "saturate", "plain", "lo@20us", "1.2"},
-                hooked(scratch, {{"TESSERA_LEDGER", low}, {"TESSERA_PRIORITY", "low"}}));
+  Running batch(
+      {worker(), "saturate", "plain", "lo@20us", "1.2"},
+      hooked(scratch, {{contract::kLedgerVariable, low}, {contract::kPriorityVariable, "low"}}));
   busy.kill_hard();  // mid-kernel, with more queued and its pending time in the future
   const std::uint64_t killed = monotonic_ns();
   busy.wait();
@@ -440,13 +421,16 @@ TEST(Compute, WithoutAShareAGroupSaturatesTheDevice) {
 
 TEST(Compute, MalformedSharesAreAClearErrorAtTheFirstCudaCall) {
   ScratchDirectory scratch;
-  for (const auto& [variable, value] :
-       {std::pair{"TESSERA_CORE_LIMIT", "0"}, std::pair{"TESSERA_CORE_LIMIT", "130"},
-        std::pair{"CUDA_DEVICE_SM_LIMIT", "half"}, std::pair{"TESSERA_CORE_LIMIT", "0=30,x"},
-        std::pair{"TESSERA_CORE_BURST", "yes"}, std::pair{"TESSERA_PRIORITY", "urgent"},
-        std::pair{"CUDA_TASK_PRIORITY", "2"}, std::pair{"TESSERA_PRIORITY_TOLERANCE", "0"},
-        std::pair{"TESSERA_PRIORITY_TOLERANCE", "1000"},
-        std::pair{"TESSERA_PRIORITY_TOLERANCE", "ten"}}) {
+  for (const auto& [variable, value] : {std::pair{contract::kCoreLimitVariable, "0"},
+                                        std::pair{contract::kCoreLimitVariable, "130"},
+                                        std::pair{contract::kHamiCoreLimitVariable, "half"},
+                                        std::pair{contract::kCoreLimitVariable, "0=30,x"},
+                                        std::pair{contract::kBurstVariable, "yes"},
+                                        std::pair{contract::kPriorityVariable, "urgent"},
+                                        std::pair{contract::kHamiPriorityVariable, "2"},
+                                        std::pair{contract::kPriorityToleranceVariable, "0"},
+                                        std::pair{contract::kPriorityToleranceVariable, "1000"},
+                                        std::pair{contract::kPriorityToleranceVariable, "ten"}}) {
     const Finished done = run({worker(), "init"}, hooked(scratch, {{variable, value}}));
     EXPECT_EQ(done.value("result"), "3") << variable << "=" << value;
     EXPECT_NE(done.err.find(std::string(variable) + "='" + value + "'"), std::string::npos)

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "host_record.h"
+
 namespace tessera::test {
 
 void attach_to_device_record(const ScratchDirectory& scratch, sim::Machine& machine,
@@ -39,9 +41,9 @@ std::vector<std::uint64_t> completion_latencies(const ScratchDirectory& scratch,
   sim::Machine machine;
   attach_to_device_record(scratch, machine, devices);
   std::vector<sim::WorkPiece> pieces(launched.size() + 1);
-  const int count = machine.pieces(device, static_cast<std::int32_t>(done.number("pid")),
-                                   done.number("begin_ns"), done.number("end_ns"), pieces.data(),
-                                   static_cast<int>(pieces.size()));
+  const int count =
+      machine.pieces(device, static_cast<std::int32_t>(done.number("pid")), done.number("begin_ns"),
+                     done.number("end_ns"), pieces.data(), static_cast<int>(pieces.size()));
   EXPECT_EQ(count, static_cast<int>(launched.size()));
   if (count != static_cast<int>(launched.size())) return {};
   std::vector<std::uint64_t> latencies;
@@ -60,6 +62,36 @@ std::uint64_t percentile(const std::vector<std::uint64_t>& sorted, int percent) 
 
 double least_share(double percent, double allowed) {
   return percent * allowed * 0.95 - 1.0;
+}
+
+void expect_burst_given_back(const ScratchDirectory& scratch, const Finished& burster,
+                             const Finished& newcomer, int device, const char* devices) {
+  constexpr std::uint64_t kSettleNs = 300'000'000;  // costs are being learned
+  const auto burster_pid = static_cast<std::int32_t>(burster.number("pid"));
+  const auto newcomer_pid = static_cast<std::int32_t>(newcomer.number("pid"));
+  const std::uint64_t arrival = newcomer.number("begin_ns");
+  const HostRecord burster_host = burster.host(), newcomer_host = newcomer.host();
+  const std::uint64_t lone_from = burster.number("begin_ns") + kSettleNs;
+  const double lone = 100 * share_of(scratch, {burster_pid}, lone_from, arrival, device, devices);
+  const double lone_allowed = burster_host.allowed(lone_from, arrival);
+  EXPECT_GT(lone, 95 * lone_allowed) << "the host let it run " << 100 * lone_allowed << " %";
+  const std::uint64_t from = arrival + 100'000'000, to = arrival + 700'000'000;
+  const double joined = 100 * share_of(scratch, {newcomer_pid}, from, to, device, devices);
+  const double shared = 100 * share_of(scratch, {burster_pid}, from, to, device, devices);
+  const double newcomer_allowed = newcomer_host.allowed(from, to);
+  const double burster_allowed = burster_host.allowed(from, to);
+  EXPECT_LE(joined, 72.0) << "the newcomer's cap";
+  EXPECT_GE(joined, least_share(70, newcomer_allowed))
+      << "the host let the newcomer run " << 100 * newcomer_allowed << " %";
+  EXPECT_GE(shared, least_share(30, burster_allowed))
+      << "the host let the burster run " << 100 * burster_allowed << " %";
+  EXPECT_LE(shared, 32.0 + 100 * (1 - newcomer_allowed))
+      << "the host let the newcomer run " << 100 * newcomer_allowed << " %";
+  report("burster_alone", lone);
+  report("burster_shared", shared);
+  report("newcomer_shared", joined);
+  report("host_allowed_newcomer", 100 * newcomer_allowed);
+  std::printf("alone %.1f %%, then %.1f %% beside the newcomer's %.1f %%\n", lone, shared, joined);
 }
 
 void report(const std::string& key, double value) {

@@ -40,6 +40,14 @@ std::uint64_t percentile(const std::vector<std::uint64_t>& sorted, int percent);
 // CI and here. A limiter that under-delivers by a tenth still fails.
 double least_share(double percent, double allowed);
 
+// A 30 % group that may burst, saturating alone, then beside a 70 % newcomer that woke later
+// (`burster` and `newcomer`: their `saturate` runs): alone it took nearly the whole device, and
+// from 100 ms after the newcomer woke each has its share (of what the host let it run; the
+// burster's cap grows by the time the host kept the newcomer off the device, left idle).
+void expect_burst_given_back(const ScratchDirectory& scratch, const Finished& burster,
+                             const Finished& newcomer, int device = 0,
+                             const char* devices = kTestDevice);
+
 // Keeps a measured figure in the test's report: bench/compute_sweep.sh collects them.
 void report(const std::string& key, double value);
 

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "contract/annotations.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -273,7 +274,7 @@ class Extender : public ::testing::Test {
   // fgd-balanced, chosen by the pod's own annotation.
   std::map<std::string, int> light_pod_scores(const std::string& name) {
     nlohmann::json light = pod(name, {{"nvidia.com/gpu", "1"}}, "4");
-    light["metadata"]["annotations"] = {{"tessera.io/policy", "fgd-balanced"}};
+    light["metadata"]["annotations"] = {{contract::kPolicyAnnotation, "fgd-balanced"}};
     std::map<std::string, int> by_node;
     for (const auto& entry : post("prioritize", {{"Pod", light}, {"NodeNames", {"lean", "fat"}}})) {
       by_node[entry["Host"].get<std::string>()] = entry["Score"].get<int>();
@@ -395,7 +396,8 @@ TEST_F(Extender, BindRecordsTheGpusOnThePodAndCreatesTheBinding) {
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[0].first, "PATCH /api/v1/namespaces/ml/pods/p4");
   const auto annotation = nlohmann::json::parse(
-      nlohmann::json::parse(calls[0].second)["metadata"]["annotations"]["tessera.io/assignment"]
+      nlohmann::json::parse(
+          calls[0].second)["metadata"]["annotations"][contract::kAssignmentAnnotation]
           .get<std::string>());
   EXPECT_EQ(annotation["node"], "gpu-a");
   EXPECT_EQ(annotation["gpus"], nlohmann::json::array({0}));  // the tightest GPU: next to serve-0
@@ -504,8 +506,9 @@ nlohmann::json mig_node(const std::string& name, const std::string& cpu = "64") 
          {"sharing", "none"},
          {"slices", 1},
          {"healthy", true}}}}};
-  return {{"metadata", {{"name", name}, {"annotations", {{"tessera.io/gpus", gpus.dump()}}}}},
-          {"status", {{"allocatable", {{"cpu", cpu}, {"memory", "512Gi"}}}}}};
+  return {
+      {"metadata", {{"name", name}, {"annotations", {{contract::kGpusAnnotation, gpus.dump()}}}}},
+      {"status", {{"allocatable", {{"cpu", cpu}, {"memory", "512Gi"}}}}}};
 }
 
 TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
@@ -565,7 +568,7 @@ TEST_F(Extender, MigPodsArePackedWhereTheirProfileIsInUseAlready) {
   const nlohmann::json one_g = {{"nvidia.com/mig-1g.10gb", "1"}};
   const auto scores = [&](const std::string& name, const std::string& policy) {
     nlohmann::json asking = pod(name, one_g);
-    asking["metadata"]["annotations"] = {{"tessera.io/policy", policy}};
+    asking["metadata"]["annotations"] = {{contract::kPolicyAnnotation, policy}};
     std::map<std::string, int> by_node;
     for (const auto& entry :
          post("prioritize", {{"Pod", asking}, {"NodeNames", {"mig-a", "mig-b", "gpu-a"}}})) {
@@ -608,9 +611,10 @@ nlohmann::json gpu_node(const std::string& name, const std::string& cpu, int gpu
                     {"healthy", true}});
   }
   const nlohmann::json gpus_annotation = {{"version", 2}, {"gpus", list}};
-  return {{"metadata",
-           {{"name", name}, {"annotations", {{"tessera.io/gpus", gpus_annotation.dump()}}}}},
-          {"status", {{"allocatable", {{"cpu", cpu}, {"memory", "512Gi"}}}}}};
+  return {
+      {"metadata",
+       {{"name", name}, {"annotations", {{contract::kGpusAnnotation, gpus_annotation.dump()}}}}},
+      {"status", {{"allocatable", {{"cpu", cpu}, {"memory", "512Gi"}}}}}};
 }
 
 TEST_F(Extender, FgdMeasuresAgainstThePodsItHoldsAndBalancedPlacementKeepsCpuForGpus) {
@@ -800,7 +804,7 @@ nlohmann::json bound_pod(const std::string& name, const std::string& node, int g
         {"namespace", "ml"},
         {"uid", "uid-" + name},
         {"resourceVersion", "9"},
-        {"annotations", {{"tessera.io/assignment", record}}}}},
+        {"annotations", {{contract::kAssignmentAnnotation, record}}}}},
       {"spec",
        {{"nodeName", node},
         {"containers",
@@ -888,9 +892,9 @@ TEST_F(Extender, AFailedBindingTakesItsAssignmentBackAndGivesTheGpusBack) {
   const auto calls = api_.calls();
   ASSERT_FALSE(calls.empty());
   EXPECT_EQ(calls.back().first, "PATCH /api/v1/namespaces/ml/pods/doomed");
-  EXPECT_TRUE(
-      nlohmann::json::parse(calls.back().second)["metadata"]["annotations"]["tessera.io/assignment"]
-          .is_null())
+  EXPECT_TRUE(nlohmann::json::parse(
+                  calls.back().second)["metadata"]["annotations"][contract::kAssignmentAnnotation]
+                  .is_null())
       << calls.back().second;
   EXPECT_TRUE(whole_gpus_fit(2, "gpu-c"));
 }
@@ -910,9 +914,9 @@ TEST_F(Extender, ABindForAPodBoundAlreadyLeavesItsAssignmentAlone) {
   EXPECT_NE(raced.find("HTTP 409"), std::string::npos) << raced;
   const auto calls = api_.calls();
   ASSERT_FALSE(calls.empty());
-  EXPECT_TRUE(
-      nlohmann::json::parse(calls.back().second)["metadata"]["annotations"]["tessera.io/assignment"]
-          .is_null());
+  EXPECT_TRUE(nlohmann::json::parse(
+                  calls.back().second)["metadata"]["annotations"][contract::kAssignmentAnnotation]
+                  .is_null());
   api_.binding_conflict = false;
   EXPECT_TRUE(whole_gpus_fit(2, "gpu-c"));
 }

@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "common/member_accounts.h"
+#include "contract/layout.h"
+#include "contract/variables.h"
 #include "ledger/ledger.h"
 #include "simgpu/sim_machine.h"
 #include "support.h"
@@ -23,7 +25,7 @@ constexpr std::uint64_t kLimit = kGiB;
 
 Environment limited(const ScratchDirectory& scratch, const Environment& extra = {}) {
   Environment environment = hooked(scratch, extra);
-  environment.emplace("TESSERA_MEMORY_LIMIT", "1GiB");
+  environment.emplace(contract::kMemoryLimitVariable, "1GiB");
   return environment;
 }
 
@@ -63,7 +65,7 @@ AccountsUsage simulated_device(const Environment& environment) {
 }
 
 std::string make_group(const ScratchDirectory& scratch, std::uint64_t limit) {
-  const std::string path = scratch.file("group.ledger");
+  const std::string path = scratch.file(contract::kLedgerFileName);
   ledger::GroupSpec spec;
   spec.name = "group";
   spec.limits.memory_bytes[0] = limit;
@@ -193,15 +195,16 @@ TEST(Hook, ARealContextCountsAgainstTheGroup) {
   EXPECT_EQ(done.number("free"), kLimit - 512 * kMiB);
   ScratchDirectory small;
   const Finished refused =
-      run({worker(), "init-context"},
-          limited(small, {{"TESSERA_SIM_DEVICES", "H100"}, {"TESSERA_MEMORY_LIMIT", "256MiB"}}));
+      run({worker(), "init-context"}, limited(small, {{"TESSERA_SIM_DEVICES", "H100"},
+                                                      {contract::kMemoryLimitVariable, "256MiB"}}));
   EXPECT_EQ(refused.value("context_result"), "2") << refused.out << refused.err;
 }
 
 TEST(Hook, AContextThatDoesNotFitIsRefusedAndTheGroupNeverHoldsIt) {
   ScratchDirectory scratch;
-  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)},
-                                                    {"TESSERA_SIM_DEVICES", "H100,context=64MiB"}});
+  const Environment environment =
+      limited(scratch, {{contract::kLedgerVariable, make_group(scratch, kLimit)},
+                        {"TESSERA_SIM_DEVICES", "H100,context=64MiB"}});
   // The first member teaches the group what a context costs, then holds almost everything.
   Running holder({worker(), "hold", std::to_string(kLimit - 64 * kMiB - 32 * kMiB)}, environment);
   ASSERT_EQ(holder.read_line(), "result=0");
@@ -282,10 +285,11 @@ TEST(Hook, NvmlListsOnlyTheGroupsOwnProcesses) {
   ScratchDirectory scratch;
   ScratchDirectory other;
   Running neighbour({worker(), "hold", std::to_string(100 * kMiB)},
-                    hooked(scratch, {{"TESSERA_LEDGER", make_group(other, kLimit)}}));
+                    hooked(scratch, {{contract::kLedgerVariable, make_group(other, kLimit)}}));
   ASSERT_EQ(neighbour.read_line(), "result=0");
-  const Finished inside = run({worker(), "processes", std::to_string(10 * kMiB)},
-                              hooked(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}}));
+  const Finished inside =
+      run({worker(), "processes", std::to_string(10 * kMiB)},
+          hooked(scratch, {{contract::kLedgerVariable, make_group(scratch, kLimit)}}));
   EXPECT_EQ(inside.value("status"), "0");
   EXPECT_EQ(inside.value("processes"), "1");
   EXPECT_EQ(inside.value("pid"), inside.value("self"));
@@ -308,7 +312,7 @@ TEST(Hook, FreeIsNeverAboveWhatTheDeviceHasFree) {
   ScratchDirectory scratch;
   // A 2 GiB slice of a 1.5 GiB device: the view cannot promise more than exists.
   const Finished done =
-      run({worker(), "info"}, hooked(scratch, {{"TESSERA_MEMORY_LIMIT", "2GiB"},
+      run({worker(), "info"}, hooked(scratch, {{contract::kMemoryLimitVariable, "2GiB"},
                                                {"TESSERA_SIM_DEVICES", "T4,memory=1536MiB"}}));
   EXPECT_EQ(done.number("total"), 1536 * kMiB);
   EXPECT_EQ(done.number("free"), 1536 * kMiB - 256 * kMiB);  // less the T4's context
@@ -317,7 +321,7 @@ TEST(Hook, FreeIsNeverAboveWhatTheDeviceHasFree) {
 TEST(Hook, ASecondProcessInAGroupSeesTheFirstsUsage) {
   ScratchDirectory scratch;
   const Environment environment =
-      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+      limited(scratch, {{contract::kLedgerVariable, make_group(scratch, kLimit)}});
   Running holder({worker(), "hold", std::to_string(400 * kMiB)}, environment);
   ASSERT_EQ(holder.read_line(), "result=0");
   const Finished second = run({worker(), "fill", std::to_string(100 * kMiB)}, environment);
@@ -334,10 +338,10 @@ TEST(Hook, TwoGroupsOnOneDeviceDoNotAffectEachOther) {
   const std::string first = make_group(scratch, kLimit);
   const std::string second = make_group(other, 3 * kGiB);
   Running hog({worker(), "hold", std::to_string(1000 * kMiB)},
-              hooked(scratch, {{"TESSERA_LEDGER", first}}));
+              hooked(scratch, {{contract::kLedgerVariable, first}}));
   ASSERT_EQ(hog.read_line(), "result=0");
   // Same simulated device (scratch's state), another group.
-  Environment environment = hooked(scratch, {{"TESSERA_LEDGER", second}});
+  Environment environment = hooked(scratch, {{contract::kLedgerVariable, second}});
   const Finished done = run({worker(), "fill", std::to_string(100 * kMiB)}, environment);
   EXPECT_EQ(done.number("total"), 3 * kGiB);
   EXPECT_EQ(done.number("free"), 3 * kGiB);
@@ -349,7 +353,7 @@ TEST(Hook, TwoGroupsOnOneDeviceDoNotAffectEachOther) {
 TEST(Hook, AForkedChildIsChargedToTheGroupAndReclaimedWhenItExits) {
   ScratchDirectory scratch;
   const Environment environment =
-      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+      limited(scratch, {{contract::kLedgerVariable, make_group(scratch, kLimit)}});
   const Finished done =
       run({worker(), "fork", std::to_string(300 * kMiB), std::to_string(300 * kMiB)}, environment);
   ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
@@ -362,7 +366,7 @@ TEST(Hook, AForkedChildIsChargedToTheGroupAndReclaimedWhenItExits) {
 TEST(Hook, MemoryOfAnExecedImageIsReclaimed) {
   ScratchDirectory scratch;
   const Environment environment =
-      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+      limited(scratch, {{contract::kLedgerVariable, make_group(scratch, kLimit)}});
   const Finished done = run({worker(), "exec", std::to_string(300 * kMiB)}, environment);
   ASSERT_EQ(done.exit_code, 0) << done.out << done.err;
   EXPECT_EQ(done.number("free"), kLimit);
@@ -371,8 +375,9 @@ TEST(Hook, MemoryOfAnExecedImageIsReclaimed) {
 TEST(Hook, EightProcessesOfEightThreadsNeverExceedTheQuotaByOneByte) {
   ScratchDirectory scratch;
   // Contexts cost memory too, and are created while the other processes allocate.
-  const Environment environment = limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)},
-                                                    {"TESSERA_SIM_DEVICES", "H100,context=16MiB"}});
+  const Environment environment =
+      limited(scratch, {{contract::kLedgerVariable, make_group(scratch, kLimit)},
+                        {"TESSERA_SIM_DEVICES", "H100,context=16MiB"}});
   std::vector<std::unique_ptr<Running>> processes;
   for (int i = 0; i < 8; ++i) {
     processes.push_back(std::make_unique<Running>(
@@ -398,7 +403,7 @@ TEST(Hook, EightProcessesOfEightThreadsNeverExceedTheQuotaByOneByte) {
   EXPECT_GT(refused, 0);
   ledger::Ledger group;
   ErrorText error;
-  ASSERT_TRUE(group.open(scratch.file("group.ledger").c_str(), error));
+  ASSERT_TRUE(group.open(scratch.file(contract::kLedgerFileName).c_str(), error));
   EXPECT_EQ(group.usage(0).used, 0u);
   EXPECT_LE(group.usage(0).peak, kLimit);
 }
@@ -406,7 +411,7 @@ TEST(Hook, EightProcessesOfEightThreadsNeverExceedTheQuotaByOneByte) {
 TEST(Hook, KillMinusNineAtRandomInstantsLeaksNothing) {
   ScratchDirectory scratch;
   const Environment environment =
-      limited(scratch, {{"TESSERA_LEDGER", make_group(scratch, kLimit)}});
+      limited(scratch, {{contract::kLedgerVariable, make_group(scratch, kLimit)}});
   std::mt19937 random(7);
   std::vector<std::unique_ptr<Running>> members;
   for (int i = 0; i < 4; ++i) {
@@ -434,7 +439,7 @@ TEST(Hook, KillMinusNineAtRandomInstantsLeaksNothing) {
   EXPECT_EQ(simulated_device(environment).used, 0u);
 }
 
-class MalformedLimit : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+class MalformedLimit : public ::testing::TestWithParam<std::pair<std::string, const char*>> {};
 
 TEST_P(MalformedLimit, IsAClearErrorAtTheFirstCudaCall) {
   ScratchDirectory scratch;
@@ -445,19 +450,22 @@ TEST_P(MalformedLimit, IsAClearErrorAtTheFirstCudaCall) {
   EXPECT_NE(done.err.find(expected), std::string::npos) << done.err;
 }
 
-INSTANTIATE_TEST_SUITE_P(Hook, MalformedLimit,
-                         ::testing::Values(std::make_pair("TESSERA_MEMORY_LIMIT", "8XB"),
-                                           std::make_pair("TESSERA_MEMORY_LIMIT", "0=8GiB,x"),
-                                           std::make_pair("TESSERA_MEMORY_LIMIT", "-1"),
-                                           std::make_pair("TESSERA_MEMORY_LIMIT", "0"),
-                                           std::make_pair("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
-                                           std::make_pair("CUDA_DEVICE_MEMORY_LIMIT_2", "1.5")));
+INSTANTIATE_TEST_SUITE_P(
+    Hook, MalformedLimit,
+    ::testing::Values(std::make_pair(std::string(contract::kMemoryLimitVariable), "8XB"),
+                      std::make_pair(std::string(contract::kMemoryLimitVariable), "0=8GiB,x"),
+                      std::make_pair(std::string(contract::kMemoryLimitVariable), "-1"),
+                      std::make_pair(std::string(contract::kMemoryLimitVariable), "0"),
+                      std::make_pair(std::string(contract::kHamiMemoryLimitVariable), "lots"),
+                      std::make_pair(std::string(contract::kHamiMemoryLimitVariable) + "_2",
+                                     "1.5")));
 
 TEST(Hook, ABadLedgerDisablesCudaWithTheReason) {
   ScratchDirectory scratch;
-  const std::string path = scratch.file("group.ledger");
+  const std::string path = scratch.file(contract::kLedgerFileName);
   std::ofstream(path) << "not a ledger";
-  const Finished done = run({worker(), "init"}, hooked(scratch, {{"TESSERA_LEDGER", path}}));
+  const Finished done =
+      run({worker(), "init"}, hooked(scratch, {{contract::kLedgerVariable, path}}));
   EXPECT_EQ(done.value("result"), "3");
   EXPECT_NE(done.err.find(path), std::string::npos) << done.err;
 }

@@ -698,9 +698,9 @@ TEST(Demand, HighPriorityWorkQueuesBehindHighPriorityWorkStillPending) {
   web.add_high_work(now, 2 * kMs, 10);
   chat.add_high_work(now + kMs, 3 * kMs, 10);  // starts when web's is done
   EXPECT_EQ(batch.high_work_until(now), now + 5 * kMs);
-  EXPECT_EQ(batch.high_launch_cost(), 3 * kMs);  // the latest launch's
+  EXPECT_EQ(batch.high_launch_cost(), 3 * kMs);                               // the latest launch's
   EXPECT_EQ(open_demand(scratch, 3, kOtherDevice).high_work_until(now), 0u);  // another device
-  web.add_high_work(now + 9 * kMs, kMs, 10);   // the device was idle in between
+  web.add_high_work(now + 9 * kMs, kMs, 10);  // the device was idle in between
   EXPECT_EQ(batch.high_work_until(now + 9 * kMs), now + 10 * kMs);
   // After a reboot the old time lies far in the new clock's future: it is not pending work.
   EXPECT_EQ(batch.high_work_until(now - 100'000 * kMs), 0u);

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "contract/variables.h"
 #include "mig/advisor.h"
 #include "mig/catalog.h"
 #include "mig/nvml_catalog.h"
@@ -620,7 +621,7 @@ TEST(MigDevice, CudaSeesEachInstanceAsADeviceOfItsOwnMemoryAndSmsAndTheHookQuota
   // The hook's memory quota inside a MIG device: 4 GiB of the 19.5.
   Environment limited = first;
   limited["LD_PRELOAD"] = build_path("lib/libtessera-cuda.so");
-  limited["TESSERA_MEMORY_LIMIT"] = "4GiB";
+  limited[contract::kMemoryLimitVariable] = "4GiB";
   const Finished quota = run({worker(), "fill", std::to_string(kChunk)}, limited);
   EXPECT_EQ(quota.number("total"), 4ull << 30);
   EXPECT_LE(quota.number("allocated"), 4ull << 30);

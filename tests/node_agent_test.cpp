@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "contract/variables.h"
 #include "node/agent.h"
 #include "support.h"
 
@@ -73,7 +74,8 @@ TEST(NodeAgentThreads, ReloadsHealthEventsAllocateListsAndMetricsRunTogether) {
         try {
           const node::ContainerAllocation answer =
               agent.allocate("nvidia.com/gpu", {simulated_gpu_uuid(worker) + "::1"});
-          failures += answer.envs.at("NVIDIA_VISIBLE_DEVICES") != simulated_gpu_uuid(worker);
+          failures +=
+              answer.envs.at(contract::kVisibleDevicesVariable) != simulated_gpu_uuid(worker);
         } catch (const std::exception&) {
           ++failures;
         }

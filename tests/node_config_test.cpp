@@ -13,16 +13,17 @@
 
 #include "contract/annotations.h"
 #include "contract/host_layout.h"
+#include "contract/layout.h"
 #include "contract/variables.h"
 #include "extender/cluster_objects.h"
 #include "ledger/ledger.h"
 #include "node/allocation.h"
 #include "node/config.h"
+#include "node/container_grants.h"
 #include "node/health.h"
 #include "node/labels.h"
 #include "node/mps.h"
 #include "node/resources.h"
-#include "node/container_grants.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -500,11 +501,12 @@ TEST(NodeResources, MigDevicesAreServedPerStrategyWithNvidiasNamesAndIds) {
   const Resource& small = *map.find("nvidia.com/mig-1g.5gb");
   const std::vector<DeviceRef> granted = requested_devices(small, {mig1[1].uuid});
   ASSERT_EQ(granted.size(), 1u);
-  EXPECT_EQ(expose_devices(node, mixed, granted, "r").envs.at("NVIDIA_VISIBLE_DEVICES"),
+  EXPECT_EQ(expose_devices(node, mixed, granted, "r").envs.at(contract::kVisibleDevicesVariable),
             mig1[1].uuid);
   const PluginConfig by_index =
       parse_plugin_config("flags: {migStrategy: mixed, plugin: {deviceIDStrategy: index}}", "i");
-  EXPECT_EQ(expose_devices(node, by_index, granted, "r").envs.at("NVIDIA_VISIBLE_DEVICES"), "1:1");
+  EXPECT_EQ(expose_devices(node, by_index, granted, "r").envs.at(contract::kVisibleDevicesVariable),
+            "1:1");
 
   // Time-slicing of a MIG resource, as NVIDIA allows it; slices of MIG devices are refused.
   const ResourceMap shared = build_resource_map(
@@ -582,7 +584,8 @@ TEST(NodeResources, MigDevicesAreServedPerStrategyWithNvidiasNamesAndIds) {
   EXPECT_EQ(annotation["gpus"][1]["mig_devices"][2]["profile"], "1g.5gb+me");
   // The scheduler leaves MIG GPUs to the kubelet's counts: only GPU 0 is its to place on.
   const nlohmann::json described = {
-      {"metadata", {{"name", "mig-node"}, {"annotations", {{contract::kGpusAnnotation, annotation.dump()}}}}},
+      {"metadata",
+       {{"name", "mig-node"}, {"annotations", {{contract::kGpusAnnotation, annotation.dump()}}}}},
       {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "256Gi"}}}}}};
   const extender::NodeInfo info = extender::node_from_json(described);
   EXPECT_EQ(info.spec.gpus, 1);
@@ -700,17 +703,18 @@ TEST(NodeAllocation, AContainerGetsItsGpusAsEveryDeviceListStrategySaysIt) {
 
   PluginConfig flags = default_plugin_config();
   ContainerAllocation envvar = expose_gpus(two, flags, {1, 0}, "r1");
-  EXPECT_EQ(envvar.envs.at("NVIDIA_VISIBLE_DEVICES"),
+  EXPECT_EQ(envvar.envs.at(contract::kVisibleDevicesVariable),
             simulated_gpu_uuid(1) + "," + simulated_gpu_uuid(0));
   EXPECT_TRUE(envvar.mounts.empty());
   flags.flags.device_id = DeviceIdStrategy::index;
-  EXPECT_EQ(expose_gpus(two, flags, {1, 0}, "r1").envs.at("NVIDIA_VISIBLE_DEVICES"), "1,0");
+  EXPECT_EQ(expose_gpus(two, flags, {1, 0}, "r1").envs.at(contract::kVisibleDevicesVariable),
+            "1,0");
   flags = parse_plugin_config(
       "flags: {plugin: {deviceListStrategy: [volume-mounts, cdi-annotations, cdi-cri], "
       "passDeviceSpecs: true}}",
       "all");
   const ContainerAllocation all = expose_gpus(two, flags, {0}, "response-7");
-  EXPECT_EQ(all.envs.at("NVIDIA_VISIBLE_DEVICES"), "/var/run/nvidia-container-devices");
+  EXPECT_EQ(all.envs.at(contract::kVisibleDevicesVariable), "/var/run/nvidia-container-devices");
   ASSERT_EQ(all.mounts.size(), 1u);
   EXPECT_EQ(all.mounts[0].container_path,
             "/var/run/nvidia-container-devices/" + simulated_gpu_uuid(0));
@@ -821,7 +825,8 @@ TEST(NodeLabels, TheGpusAnnotationTellsTheSchedulerWhichGpusTakeWhichPods) {
   EXPECT_EQ(annotation["gpus"][3]["healthy"], false);
   // The scheduler reads it: slices on GPUs 0 and 1, GPUs 2 and 3 whole-GPU pods only.
   nlohmann::json node = {
-      {"metadata", {{"name", "gpu-a"}, {"annotations", {{contract::kGpusAnnotation, annotation.dump()}}}}},
+      {"metadata",
+       {{"name", "gpu-a"}, {"annotations", {{contract::kGpusAnnotation, annotation.dump()}}}}},
       {"status", {{"allocatable", {{"cpu", "32"}, {"memory", "256Gi"}}}}}};
   extender::NodeInfo info = extender::node_from_json(node);
   EXPECT_EQ(info.spec.gpus, 4);
@@ -1009,7 +1014,8 @@ TEST(NodeGrants, WithoutAClusterASliceGetsTheConfigsDefaultsAndAWholeGpuNone) {
   const contract::StateLayout layout(scratch.path());
   ContainerGrants grants(layout, nullptr, "node", nullptr, [](const std::string&) {});
   grants.prepare(four);
-  EXPECT_EQ(read_text_file(layout.preload_file()), std::string(contract::kContainerHookPath) + "\n");
+  EXPECT_EQ(read_text_file(layout.preload_file()),
+            std::string(contract::kContainerHookPath) + "\n");
   EXPECT_FALSE(grants.limits_at_pre_start(gpus));
 
   const ContainerGrant slice = default_grant(four, gpus, {simulated_gpu_uuid(1) + "::2"});
@@ -1034,7 +1040,8 @@ TEST(NodeGrants, WithoutAClusterASliceGetsTheConfigsDefaultsAndAWholeGpuNone) {
   std::map<std::string, std::pair<std::string, bool>> mounts;
   for (const MountSpec& mount : answer.mounts)
     mounts[mount.container_path] = {mount.host_path, mount.read_only};
-  EXPECT_EQ(mounts.at(contract::kContainerPreloadPath), std::make_pair(layout.preload_file(), true));
+  EXPECT_EQ(mounts.at(contract::kContainerPreloadPath),
+            std::make_pair(layout.preload_file(), true));
   EXPECT_EQ(mounts.at(contract::kContainerHookPath), std::make_pair(layout.hook_library(), true));
   contract::DeviceKey key;
   ASSERT_TRUE(contract::device_key_from_uuid(simulated_gpu_uuid(1).c_str(), key));
@@ -1087,8 +1094,10 @@ TEST(NodeGrants, APodsContainerGetsItsOwnLimitsAndPriority) {
   const ContainerGrant second = pod_grant(two, {0}, memory, memory.containers[1], 500);
   EXPECT_EQ(second.memory_bytes, std::vector<std::uint64_t>{kUnlimited});
   EXPECT_EQ(second.priority, Priority::low);
-  const kube::PodRequest percent = pod_with(R"({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25})",
-                                            R"({"tessera.io/priority": "high"})");
+  const std::string priority_high = nlohmann::json{{contract::kPriorityAnnotation, "high"}}.dump();
+  const std::string priority_low = nlohmann::json{{contract::kPriorityAnnotation, "low"}}.dump();
+  const kube::PodRequest percent =
+      pod_with(R"({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25})", priority_high);
   const ContainerGrant quarter = pod_grant(two, {0}, percent, percent.containers[0], 0);
   EXPECT_EQ(quarter.memory_bytes, std::vector<std::uint64_t>{total / 100 * 25});
   EXPECT_EQ(quarter.priority, Priority::high);
@@ -1097,8 +1106,8 @@ TEST(NodeGrants, APodsContainerGetsItsOwnLimitsAndPriority) {
             std::vector<std::uint64_t>{total / 1000 * 300})
       << "the scheduler's share";
   // Both sources: the lower wins.
-  const kube::PodRequest both = pod_with(R"({"nvidia.com/gpu": 1, "nvidia.com/priority": 0})",
-                                         R"({"tessera.io/priority": "low"})");
+  const kube::PodRequest both =
+      pod_with(R"({"nvidia.com/gpu": 1, "nvidia.com/priority": 0})", priority_low);
   EXPECT_EQ(pod_grant(two, {0}, both, both.containers[0], 0).priority, Priority::low);
   const kube::PodRequest gpushare = kube::pod_from_json(nlohmann::json::parse(
       R"({"metadata": {"name": "g"}, "spec": {"containers": [{"name": "c",
@@ -1107,7 +1116,8 @@ TEST(NodeGrants, APodsContainerGetsItsOwnLimitsAndPriority) {
   EXPECT_EQ(gpushare.gpumem_mib, 4096);
   EXPECT_EQ(pod_grant(two, {1}, gpushare, gpushare.containers[0], 0).memory_bytes,
             std::vector<std::uint64_t>{4ull << 30});
-  EXPECT_THROW(pod_with(R"({"nvidia.com/gpu": 1})", R"({"tessera.io/priority": "urgent"})"),
+  EXPECT_THROW(pod_with(R"({"nvidia.com/gpu": 1})",
+                        nlohmann::json{{contract::kPriorityAnnotation, "urgent"}}.dump()),
                std::runtime_error);
 }
 

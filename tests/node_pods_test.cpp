@@ -50,8 +50,8 @@ class SliceNode {
                                  cluster_.url()},
         env_);
     EXPECT_TRUE(node_->started()) << node_->log();
-    EXPECT_TRUE(kubelet_.wait_for_devices(
-        "nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
+    EXPECT_TRUE(
+        kubelet_.wait_for_devices("nvidia.com/gpu", has_ids(simulated_replica_ids({0, 1}, 4)), 10s))
         << node_->log();
   }
 
@@ -127,9 +127,8 @@ void expect_every_pod_gets_its_own_limits(Admission admission) {
   for (int run = 0; run < kRuns; ++run) {
     std::vector<nlohmann::json> pods;
     for (int i = 0; i < kPods; ++i) {
-      pods.push_back(node.bind(hami_pod(fmt::format("r{}-p{}", run, i), 1000 + 16 * i, 10 + i,
-                                        i % 2),
-                               i % 2));
+      pods.push_back(
+          node.bind(hami_pod(fmt::format("r{}-p{}", run, i), 1000 + 16 * i, 10 + i, i % 2), i % 2));
     }
     std::vector<ContainerSpec> containers(kPods);
     if (admission == Admission::reverse) {
@@ -197,8 +196,8 @@ TEST(NodePods, AContainerWhoseLimitsCannotBeKnownDoesNotStart) {
   ASSERT_TRUE(node.kubelet().admit(kubelet_pod(pod), admitted).ok());
   // The kubelet forgets the pod (as after a restart of it with the pod gone): no holder.
   node.kubelet().remove("default", "lonely");
-  const grpc::Status refused = node.kubelet().pre_start(
-      "nvidia.com/gpu", admitted.front().devices.at("nvidia.com/gpu"));
+  const grpc::Status refused =
+      node.kubelet().pre_start("nvidia.com/gpu", admitted.front().devices.at("nvidia.com/gpu"));
   EXPECT_FALSE(refused.ok());
   EXPECT_NE(refused.error_message().find("names no container holding"), std::string::npos)
       << refused.error_message();
@@ -250,9 +249,9 @@ constexpr std::uint64_t kSettleNs = 100'000'000;  // the first 0.1 s: costs are 
 
 // The interactive client: 1 ms kernels, each awaited, then 1 ms idle (50 % duty), 300 times.
 Finished interactive_client(SliceNode& node, const ContainerSpec& container) {
-  Finished done = run(
-      in_container(node.scratch(), container, {worker(), "latency", "hi@1ms", "300", "1000"}),
-      node.env());
+  Finished done =
+      run(in_container(node.scratch(), container, {worker(), "latency", "hi@1ms", "300", "1000"}),
+          node.env());
   EXPECT_EQ(done.exit_code, 0) << done.err;
   return done;
 }
@@ -276,12 +275,11 @@ TEST_P(PodPriority, AHighPriorityPodStaysWithinATenthOfAloneBesideALowPriorityPo
   const ContainerSpec batch = node.start(node.bind(hami_pod("batch", 8192, 0, /*priority=*/1), 0));
   std::vector<double> alone_p50, alone_p90, beside_p50, beside_p90, shares, allowed_shares;
   for (int round = 0; round < 3; ++round) {
-    const std::vector<std::uint64_t> alone =
-        completion_latencies(node.scratch(), interactive_client(node, interactive), kSettleNs, 0,
-                             kTwoGpus);
-    Running saturating(in_container(node.scratch(), batch,
-                                    {worker(), "saturate", "plain", "lo@" + kernel, "2.0"}),
-                       node.env());
+    const std::vector<std::uint64_t> alone = completion_latencies(
+        node.scratch(), interactive_client(node, interactive), kSettleNs, 0, kTwoGpus);
+    Running saturating(
+        in_container(node.scratch(), batch, {worker(), "saturate", "plain", "lo@" + kernel, "2.0"}),
+        node.env());
     ASSERT_EQ(saturating.read_line(), "started");
     const Finished client = interactive_client(node, interactive);
     const Finished batch_run = saturating.finish();
@@ -295,9 +293,9 @@ TEST_P(PodPriority, AHighPriorityPodStaysWithinATenthOfAloneBesideALowPriorityPo
     beside_p50.push_back(static_cast<double>(percentile(beside, 50)));
     beside_p90.push_back(static_cast<double>(percentile(beside, 90)));
     const std::uint64_t from = client.number("begin_ns") + kSettleNs, to = client.number("end_ns");
-    shares.push_back(
-        100 * share_of(node.scratch(), {static_cast<std::int32_t>(batch_run.number("pid"))}, from,
-                       to, 0, kTwoGpus));
+    shares.push_back(100 * share_of(node.scratch(),
+                                    {static_cast<std::int32_t>(batch_run.number("pid"))}, from, to,
+                                    0, kTwoGpus));
     allowed_shares.push_back(batch_run.host().allowed(from, to));
   }
   const double p50_alone = median_of(alone_p50), p90_alone = median_of(alone_p90);
@@ -345,8 +343,7 @@ TEST(NodePods, WithoutItsGpusCoordinationFileALowPriorityPodDelaysAHighPriorityO
       << percentile(beside, 90) / 1000 << " us";
 }
 
-INSTANTIATE_TEST_SUITE_P(NodePods, PodPriority,
-                         ::testing::Values("20us", "200us", "1ms", "5ms"),
+INSTANTIATE_TEST_SUITE_P(NodePods, PodPriority, ::testing::Values("20us", "200us", "1ms", "5ms"),
                          [](const ::testing::TestParamInfo<const char*>& param) {
                            return std::string(param.param);
                          });
@@ -361,7 +358,8 @@ TEST(NodePods, PodsOfEqualPriorityGetTheirSharesOfTheGpu) {
     const ContainerSpec container =
         node.start(node.bind(hami_pod(fmt::format("share-{}", percent), 4096, percent), 0));
     pods.push_back(std::make_unique<Running>(
-        in_container(node.scratch(), container, {worker(), "saturate", "plain", "short@20us", "2.6"}),
+        in_container(node.scratch(), container,
+                     {worker(), "saturate", "plain", "short@20us", "2.6"}),
         node.env()));
   }
   for (auto& pod : pods) ASSERT_EQ(pod->read_line(), "started");
@@ -373,8 +371,8 @@ TEST(NodePods, PodsOfEqualPriorityGetTheirSharesOfTheGpu) {
   for (std::size_t i = 0; i < asks.size(); ++i) {
     ASSERT_EQ(runs[i].exit_code, 0);
     const double share =
-        100 * share_of(node.scratch(), {static_cast<std::int32_t>(runs[i].number("pid"))}, from,
-                       to, 0, kTwoGpus);
+        100 * share_of(node.scratch(), {static_cast<std::int32_t>(runs[i].number("pid"))}, from, to,
+                       0, kTwoGpus);
     const double allowed = runs[i].host().allowed(from, to);
     report(fmt::format("share_{}", asks[i]), share);
     std::printf("asked %d %%, got %.1f %% (the host let it run %.1f %%)\n", asks[i], share,
@@ -393,45 +391,20 @@ TEST(NodePods, APodBurstsIntoAnIdleNeighboursShareAndGivesItBack) {
   bursting["metadata"]["annotations"][contract::kBurstAnnotation] = "true";
   const ContainerSpec first = node.start(node.bind(bursting, 0));
   const ContainerSpec second = node.start(node.bind(hami_pod("neighbour", 4096, 70), 0));
-  Running alone(in_container(node.scratch(), first, {worker(), "saturate", "plain", "mid@500us", "2.0"}),
-                node.env());
+  Running alone(
+      in_container(node.scratch(), first, {worker(), "saturate", "plain", "mid@500us", "2.0"}),
+      node.env());
   ASSERT_EQ(alone.read_line(), "started");
   // The scenario: the neighbour wakes 0.8 s later (a time in the experiment, not a wait for
   // anything to happen).
   std::this_thread::sleep_for(800ms);
-  const Finished neighbour = run(
-      in_container(node.scratch(), second, {worker(), "saturate", "plain", "mid@500us", "0.8"}),
-      node.env());
+  const Finished neighbour =
+      run(in_container(node.scratch(), second, {worker(), "saturate", "plain", "mid@500us", "0.8"}),
+          node.env());
   ASSERT_EQ(neighbour.exit_code, 0) << neighbour.err;
   const Finished burster = alone.finish();
   ASSERT_EQ(burster.exit_code, 0);
-  const auto burster_pid = static_cast<std::int32_t>(burster.number("pid"));
-  const auto neighbour_pid = static_cast<std::int32_t>(neighbour.number("pid"));
-  const std::uint64_t arrival = neighbour.number("begin_ns");
-  // Alone, it took nearly the whole GPU (of the time the host let it run).
-  const std::uint64_t lone_from = burster.number("begin_ns") + 300'000'000;
-  const double lone = 100 * share_of(node.scratch(), {burster_pid}, lone_from, arrival, 0, kTwoGpus);
-  const double lone_allowed = burster.host().allowed(lone_from, arrival);
-  EXPECT_GT(lone, 95 * lone_allowed) << "the host let it run " << 100 * lone_allowed << " %";
-  // From 100 ms after the neighbour woke, each has its share.
-  const std::uint64_t from = arrival + 100'000'000, to = arrival + 700'000'000;
-  const double newcomer = 100 * share_of(node.scratch(), {neighbour_pid}, from, to, 0, kTwoGpus);
-  const double shared = 100 * share_of(node.scratch(), {burster_pid}, from, to, 0, kTwoGpus);
-  const double newcomer_allowed = neighbour.host().allowed(from, to);
-  const double burster_allowed = burster.host().allowed(from, to);
-  report("burster_alone", lone);
-  report("burster_shared", shared);
-  report("neighbour_shared", newcomer);
-  std::printf("alone %.1f %%, then %.1f %% beside the neighbour's %.1f %%\n", lone, shared,
-              newcomer);
-  EXPECT_LE(newcomer, 72.0) << "the neighbour's cap";
-  EXPECT_GE(newcomer, least_share(70, newcomer_allowed))
-      << "the host let the neighbour run " << 100 * newcomer_allowed << " %";
-  EXPECT_GE(shared, least_share(30, burster_allowed))
-      << "the host let the burster run " << 100 * burster_allowed << " %";
-  // While the host keeps the neighbour off the CPU, the GPU is idle for the burster to use.
-  EXPECT_LE(shared, 32.0 + 100 * (1 - newcomer_allowed))
-      << "the host let the neighbour run " << 100 * newcomer_allowed << " %";
+  expect_burst_given_back(node.scratch(), burster, neighbour, 0, kTwoGpus);
 }
 
 }  // namespace

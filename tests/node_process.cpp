@@ -163,17 +163,19 @@ TestKubelet::PodSpec kubelet_pod(const nlohmann::json& pod) {
   for (const auto& container : pod["spec"]["containers"]) {
     TestKubelet::PodSpec::Container entry{container["name"], {}};
     const nlohmann::json limits =
-        container.contains("resources") ? container["resources"].value("limits", nlohmann::json::object())
-                                        : nlohmann::json::object();
+        container.contains("resources")
+            ? container["resources"].value("limits", nlohmann::json::object())
+            : nlohmann::json::object();
     for (const auto& [resource, value] : limits.items()) {
       // Device plugins' resources: all but the node's own and those no node advertises.
-      bool plugins = resource != "cpu" && resource != "memory" &&
-                     resource != "ephemeral-storage" && !resource.starts_with("hugepages-");
+      bool plugins = resource != "cpu" && resource != "memory" && resource != "ephemeral-storage" &&
+                     !resource.starts_with("hugepages-");
       for (const contract::PodResourceName& known : contract::kPodResources) {
         plugins = plugins && (known.advertised || resource != known.name);
       }
       if (!plugins) continue;
-      entry.devices[resource] = value.is_string() ? std::stoi(value.get<std::string>()) : value.get<int>();
+      entry.devices[resource] =
+          value.is_string() ? std::stoi(value.get<std::string>()) : value.get<int>();
     }
     spec.containers.push_back(std::move(entry));
   }

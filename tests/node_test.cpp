@@ -22,8 +22,8 @@
 #include "contract/variables.h"
 #include "fake_cluster.h"
 #include "kube/objects.h"
-#include "node_process.h"
 #include "ledger/ledger.h"
+#include "node_process.h"
 #include "support.h"
 #include "test_kubelet.h"
 
@@ -83,9 +83,9 @@ TEST(Node, WholeGpusAreServedWithNvidiasIdsTopologyAndAnswers) {
                     response)
           .ok());
   ASSERT_EQ(response.container_responses_size(), 2);
-  EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"),
+  EXPECT_EQ(response.container_responses(0).envs().at(contract::kVisibleDevicesVariable),
             simulated_gpu_uuid(1));
-  EXPECT_EQ(response.container_responses(1).envs().at("NVIDIA_VISIBLE_DEVICES"),
+  EXPECT_EQ(response.container_responses(1).envs().at(contract::kVisibleDevicesVariable),
             simulated_gpu_uuid(0) + "," + simulated_gpu_uuid(1));
   EXPECT_TRUE(kubelet.pre_start("nvidia.com/gpu", {simulated_gpu_uuid(1)}).ok());
   const grpc::Status unknown = kubelet.allocate("nvidia.com/gpu", {{"GPU-forged"}}, response);
@@ -136,7 +136,7 @@ TEST(Node, MigDevicesLaidOutByTesseraMigAreServedByProfile) {
   EXPECT_EQ(mig_uuid.rfind("MIG-", 0), 0u) << mig_uuid;
   v1beta1::AllocateResponse response;
   ASSERT_TRUE(kubelet.allocate("nvidia.com/mig-3g.40gb", {{mig_uuid}}, response).ok());
-  EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"), mig_uuid);
+  EXPECT_EQ(response.container_responses(0).envs().at(contract::kVisibleDevicesVariable), mig_uuid);
   // A MIG device is not a whole GPU's to give: asked under another resource, refused.
   EXPECT_FALSE(kubelet.allocate("nvidia.com/gpu", {{mig_uuid}}, response).ok());
   EXPECT_EQ(node.stop(), 0);
@@ -192,7 +192,7 @@ TEST(Node, TimeSlicingServesNvidiasReplicasRenamedOrNotAndRefusesAsNvidiaDoes) {
                               {{simulated_gpu_uuid(0) + "::1", simulated_gpu_uuid(0) + "::3"}},
                               response)
                     .ok());
-    EXPECT_EQ(response.container_responses(0).envs().at("NVIDIA_VISIBLE_DEVICES"),
+    EXPECT_EQ(response.container_responses(0).envs().at(contract::kVisibleDevicesVariable),
               simulated_gpu_uuid(0));
   }
   kubelet.restart();  // a fresh kubelet for the next config
@@ -609,9 +609,9 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
   EXPECT_EQ(labelled["metadata"]["labels"]["nvidia.com/gpu.product"],
             "NVIDIA-H100-80GB-HBM3-SHARED");
   EXPECT_EQ(labelled["metadata"]["labels"]["nvidia.com/gpu.sharing"], "timeslice");
-  EXPECT_EQ(labelled["metadata"]["annotations"]["tessera.io/config"], "any");
+  EXPECT_EQ(labelled["metadata"]["annotations"][contract::kConfigAnnotation], "any");
   const nlohmann::json gpus = nlohmann::json::parse(
-      labelled["metadata"]["annotations"]["tessera.io/gpus"].get<std::string>());
+      labelled["metadata"]["annotations"][contract::kGpusAnnotation].get<std::string>());
   ASSERT_EQ(gpus["gpus"].size(), 2u);
   EXPECT_EQ(gpus["gpus"][1]["uuid"], simulated_gpu_uuid(1));
   EXPECT_EQ(gpus["gpus"][1]["sharing"], "timeslice");
@@ -630,7 +630,7 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
       "nodes", "gpu-node",
       [](const nlohmann::json& object) {
         return object["metadata"]["annotations"]
-                   .value("tessera.io/config-error", std::string())
+                   .value(contract::kConfigErrorAnnotation, std::string())
                    .find("a100-80gb") != std::string::npos;
       },
       10s))
@@ -644,11 +644,10 @@ TEST(Node, ItLabelsAndAnnotatesItsNodeAndTheNodeLabelChoosesTheConfig) {
   EXPECT_TRUE(cluster.wait_for(
       "nodes", "gpu-node",
       [](const nlohmann::json& object) {
-        return !object["metadata"]["annotations"].contains("tessera.io/config-error");
+        return !object["metadata"]["annotations"].contains(contract::kConfigErrorAnnotation);
       },
       10s));
 }
-
 
 // MPS pins memory per process: a container of three clients could take three replicas' worth.
 // The hook's ledger holds the container to its replica's share across all its processes.
@@ -771,9 +770,8 @@ TEST(Node, ASlicePodScheduledByTesseraGetsExactlyItsMemoryAndCores) {
   EXPECT_EQ(filled.number("allocated"), 6144ull << 20);
   EXPECT_EQ(filled.number("error"), 2u);  // CUDA_ERROR_OUT_OF_MEMORY past the limit
   // Its cores: the ledger the node agent made holds 50 %, and launches are held to it.
-  const Finished saturated =
-      run(in_container(scratch, container, {worker(), "saturate", "plain", "short@100us", "1.0"}),
-          env);
+  const Finished saturated = run(
+      in_container(scratch, container, {worker(), "saturate", "plain", "short@100us", "1.0"}), env);
   ASSERT_EQ(saturated.exit_code, 0) << saturated.err;
   std::string group;
   for (const ContainerSpec::Mount& mount : container.mounts) {
@@ -846,9 +844,11 @@ TEST(Node, OnAMixedNodeTheSchedulersGpuIsTheGpuTheContainerGets) {
       10s))
       << "four slices of GPU 2 and GPU 3 whole\n"
       << node.log();
-  const nlohmann::json gpus = nlohmann::json::parse(
-      cluster.get("nodes", "gpu-node")->at("metadata").at("annotations").at(
-          contract::kGpusAnnotation).get<std::string>());
+  const nlohmann::json gpus = nlohmann::json::parse(cluster.get("nodes", "gpu-node")
+                                                        ->at("metadata")
+                                                        .at("annotations")
+                                                        .at(contract::kGpusAnnotation)
+                                                        .get<std::string>());
   std::vector<std::string> sharing;
   for (const auto& gpu : gpus["gpus"]) sharing.push_back(gpu["sharing"]);
   EXPECT_EQ(sharing, (std::vector<std::string>{"timeslice", "mig", "slices", "none"}));
@@ -856,8 +856,8 @@ TEST(Node, OnAMixedNodeTheSchedulersGpuIsTheGpuTheContainerGets) {
   SchedulerProcess scheduler(cluster, env);
   // A slice, then a whole GPU (GPU 2 holds a slice now: GPU 3), each placed and admitted; the
   // whole GPU's record names it by number alone, as an older scheduler wrote it.
-  const std::vector<std::pair<nlohmann::json, int>> pods = {
-      {gpu_pod("slice", 1, 10240, 20), 2}, {gpu_pod("whole", 1), 3}};
+  const std::vector<std::pair<nlohmann::json, int>> pods = {{gpu_pod("slice", 1, 10240, 20), 2},
+                                                            {gpu_pod("whole", 1), 3}};
   for (const auto& [object, expected] : pods) {
     const std::string name = object["metadata"]["name"];
     cluster.put("pods", object);
@@ -870,15 +870,15 @@ TEST(Node, OnAMixedNodeTheSchedulersGpuIsTheGpuTheContainerGets) {
         pod["metadata"]["annotations"][contract::kAssignmentAnnotation]);
     ASSERT_EQ(record.gpus.size(), 1u);
     const std::vector<std::string> numbering = contract::scheduler_numbering(gpus["gpus"]);
-    ASSERT_EQ(numbering.at(static_cast<std::size_t>(record.gpus[0])),
-              simulated_gpu_uuid(expected))
+    ASSERT_EQ(numbering.at(static_cast<std::size_t>(record.gpus[0])), simulated_gpu_uuid(expected))
         << "the scheduler's choice for " << name;
     if (name == "whole") {
       record.uuids.clear();
-      cluster.patch("pods", "default/" + name,
-                    {{"metadata",
-                      {{"annotations",
-                        {{contract::kAssignmentAnnotation, kube::assignment_annotation(record)}}}}}});
+      cluster.patch(
+          "pods", "default/" + name,
+          {{"metadata",
+            {{"annotations",
+              {{contract::kAssignmentAnnotation, kube::assignment_annotation(record)}}}}}});
       pod = *cluster.get("pods", "default/" + name);
     }
     std::vector<TestKubelet::AdmittedContainer> admitted;

@@ -16,10 +16,10 @@
 
 #include "contract/annotations.h"
 #include "contract/pod_resources.h"
-#include "mig/catalog.h"
 #include "fake_cluster.h"
 #include "kube/api_client.h"
 #include "kube/lease.h"
+#include "mig/catalog.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -33,7 +33,7 @@ constexpr const char* kLeaseKey = "kube-system/tessera-scheduler";
 // A node whose GPUs Tessera places on, annotated as by hand (every GPU alike, sliceable).
 nlohmann::json gpu_node(const std::string& name, int gpus) {
   nlohmann::json node = cluster_node(name);
-  node["metadata"]["annotations"]["tessera.io/gpus"] = nlohmann::json{
+  node["metadata"]["annotations"][contract::kGpusAnnotation] = nlohmann::json{
       {"model", "NVIDIA-A100-SXM4-40GB"},
       {"count", gpus},
       {"memory_mib", 40960}}.dump();
@@ -107,7 +107,7 @@ std::vector<std::string> elect_as(const std::string& identity, const FakeCluster
 std::string assignment(FakeCluster& cluster, const std::string& pod) {
   const auto object = cluster.get("pods", "default/" + pod);
   if (!object) return "";
-  return (*object)["metadata"]["annotations"].value("tessera.io/assignment", std::string());
+  return (*object)["metadata"]["annotations"].value(contract::kAssignmentAnnotation, std::string());
 }
 
 std::int64_t micro_time_us(const std::string& text) {
@@ -588,8 +588,8 @@ TEST(Manifests, TheSchedulerDeploymentRunsKubeSchedulerBesideTheExtenderAndTheyA
 // The list is derived from what the extender reads (contract/pod_resources.h) and every MIG
 // profile's resource: a resource read there and left out here fails this test.
 TEST(Manifests, TheExtenderManagesEveryResourceItReadsAndKubeSchedulerIgnoresTheUnadvertised) {
-  const YAML::Node config = YAML::Load(
-      read_text_file(std::string(TESSERA_SOURCE_DIR) + "/deploy/scheduler-config.yaml"));
+  const YAML::Node config =
+      YAML::Load(read_text_file(std::string(TESSERA_SOURCE_DIR) + "/deploy/scheduler-config.yaml"));
   std::map<std::string, bool> managed;  // name -> ignoredByScheduler
   for (const YAML::Node& entry : config["extenders"][0]["managedResources"]) {
     managed[entry["name"].as<std::string>()] = entry["ignoredByScheduler"].as<bool>(false);
@@ -600,8 +600,8 @@ TEST(Manifests, TheExtenderManagesEveryResourceItReadsAndKubeSchedulerIgnoresThe
   }
   for (const mig::GpuModel& model : mig::builtin_catalog()) {
     for (const mig::Profile& profile : model.profiles) {
-      wanted[std::string(contract::kMigResourcePrefix) +
-             mig::resource_profile_name(profile.name)] = false;
+      wanted[std::string(contract::kMigResourcePrefix) + mig::resource_profile_name(profile.name)] =
+          false;
     }
   }
   EXPECT_EQ(managed, wanted);
@@ -610,8 +610,8 @@ TEST(Manifests, TheExtenderManagesEveryResourceItReadsAndKubeSchedulerIgnoresThe
   for (const YAML::Node& profile : config["profiles"]) {
     profiles.insert(profile["schedulerName"].as<std::string>());
   }
-  EXPECT_EQ(profiles, (std::set<std::string>{contract::kSchedulerName,
-                                             contract::kGpushareSchedulerName}));
+  EXPECT_EQ(profiles,
+            (std::set<std::string>{contract::kSchedulerName, contract::kGpushareSchedulerName}));
 }
 
 }  // namespace

@@ -132,23 +132,26 @@ TEST(SeedPods, EveryPodSpecOfTheSeedsIsPlacedAndGetsWhatItAsks) {
   FakeCluster cluster;
   const std::string time_slicing = read_text_file(example("seed-chapter-time-slicing.yaml"));
   SeedNode sliced_in_time("ts-node", kTwoGpus, time_slicing, cluster);
-  SeedNode mig_node("mig-node", "A100-80GB", "version: v1\nflags:\n  migStrategy: mixed\n", cluster,
-                    [](const Environment& env) {
-                      const std::vector<std::string> apply = {
-                          tessera(),       "mig", "apply", "-f",
-                          std::string(TESSERA_SOURCE_DIR) + "/examples/mig/seed-chapter-mig-parted.yaml",
-                          "-c",            "mixed"};
-                      ASSERT_EQ(run(apply, env).exit_code, 3);  // MIG on waits for a reset
-                      ASSERT_EQ(run({tessera(), "simgpu", "reset", "--device", "0"}, env).exit_code,
-                                0);
-                      ASSERT_EQ(run(apply, env).exit_code, 0);
-                    });
+  SeedNode mig_node(
+      "mig-node", "A100-80GB", "version: v1\nflags:\n  migStrategy: mixed\n", cluster,
+      [](const Environment& env) {
+        const std::vector<std::string> apply = {
+            tessera(),
+            "mig",
+            "apply",
+            "-f",
+            std::string(TESSERA_SOURCE_DIR) + "/examples/mig/seed-chapter-mig-parted.yaml",
+            "-c",
+            "mixed"};
+        ASSERT_EQ(run(apply, env).exit_code, 3);  // MIG on waits for a reset
+        ASSERT_EQ(run({tessera(), "simgpu", "reset", "--device", "0"}, env).exit_code, 0);
+        ASSERT_EQ(run(apply, env).exit_code, 0);
+      });
   // Room enough for every pod wherever the scheduler puts those that may go anywhere.
-  SeedNode slices_node(
-      "slices-node", "H100;H100;H100;H100",
-      "version: v1\nsharing:\n  slices:\n    gpushare: true\n    resources:\n"
-      "    - name: nvidia.com/gpu\n      replicas: 4\n",
-      cluster);
+  SeedNode slices_node("slices-node", "H100;H100;H100;H100",
+                       "version: v1\nsharing:\n  slices:\n    gpushare: true\n    resources:\n"
+                       "    - name: nvidia.com/gpu\n      replicas: 4\n",
+                       cluster);
   SeedNode whole_node("whole-node", "H100;H100;H100;H100;H100;H100;H100;H100", "version: v1\n",
                       cluster);
   std::map<std::string, SeedNode*> nodes = {{sliced_in_time.name, &sliced_in_time},
@@ -158,9 +161,8 @@ TEST(SeedPods, EveryPodSpecOfTheSeedsIsPlacedAndGetsWhatItAsks) {
   SchedulerProcess scheduler(cluster, sliced_in_time.env);
 
   // The nodes the documents meant for the pods that say so (their node affinity).
-  const std::map<std::string, std::string> meant = {{"dev-pod", "ts-node"},
-                                                    {"inference-pod", "mig-node"},
-                                                    {"training-job", "whole-node"}};
+  const std::map<std::string, std::string> meant = {
+      {"dev-pod", "ts-node"}, {"inference-pod", "mig-node"}, {"training-job", "whole-node"}};
   const std::map<std::string, nlohmann::json> pods = seed_pods();
   ASSERT_EQ(pods.size(), 11u) << "every seed pod spec, once";
   for (const auto& [name, object] : pods) {
@@ -172,7 +174,8 @@ TEST(SeedPods, EveryPodSpecOfTheSeedsIsPlacedAndGetsWhatItAsks) {
     std::vector<std::string> candidates;
     for (const auto& [node_name, node] : nodes) {
       const std::vector<std::string> served = node->kubelet.resources();
-      bool fits = affinity_allows(object, cluster.get("nodes", node_name)->at("metadata").at("labels"));
+      bool fits =
+          affinity_allows(object, cluster.get("nodes", node_name)->at("metadata").at("labels"));
       for (const auto& container : spec.containers) {
         for (const auto& [resource, count] : container.devices) {
           fits = fits && std::find(served.begin(), served.end(), resource) != served.end();

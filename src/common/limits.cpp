@@ -184,9 +184,8 @@ bool format_limit_list(const std::uint64_t* values, int count, char* out, std::s
   std::size_t used = 0;
   for (int device = 0; device < count && device < kMaxDevices; ++device) {
     if (values[device] == 0) continue;
-    const int written =
-        std::snprintf(out + used, size - used, "%s%d=%llu", used == 0 ? "" : ",", device,
-                      static_cast<unsigned long long>(values[device]));
+    const int written = std::snprintf(out + used, size - used, "%s%d=%llu", used == 0 ? "" : ",",
+                                      device, static_cast<unsigned long long>(values[device]));
     if (written < 0 || static_cast<std::size_t>(written) >= size - used) return false;
     used += static_cast<std::size_t>(written);
   }

@@ -18,12 +18,18 @@ std::string escaped(const std::string& text) {
 
 }  // namespace
 
-std::string nodes() { return "/api/v1/nodes"; }
-std::string node(const std::string& name) { return nodes() + "/" + escaped(name); }
+std::string nodes() {
+  return "/api/v1/nodes";
+}
+std::string node(const std::string& name) {
+  return nodes() + "/" + escaped(name);
+}
 std::string node_named(const std::string& name) {
   return nodes() + "?fieldSelector=metadata.name%3D" + escaped(name);
 }
-std::string pods() { return "/api/v1/pods"; }
+std::string pods() {
+  return "/api/v1/pods";
+}
 std::string pods_on_node(const std::string& node) {
   return pods() + "?fieldSelector=spec.nodeName%3D" + escaped(node);
 }

@@ -24,9 +24,7 @@ class StateLayout {
 
   std::string hook_library() const { return root_ + "/lib/libtessera-cuda.so"; }
   std::string preload_file() const { return root_ + "/lib/ld.so.preload"; }
-  std::string coordination_directory() const {
-    return root_ + "/" + kCoordinationDirectoryName;
-  }
+  std::string coordination_directory() const { return root_ + "/" + kCoordinationDirectoryName; }
   std::string coordination_file(const DeviceKey& key) const {
     return coordination_directory() + "/" + key.text + kCoordinationSuffix;
   }

@@ -54,7 +54,8 @@ inline bool device_key_from_uuid(const char* uuid, DeviceKey& key) {
   std::size_t digits = 0;
   for (const char* c = uuid + 4; *c != '\0'; ++c) {
     if (*c == '-') continue;
-    const bool hex = (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || (*c >= 'A' && *c <= 'F');
+    const bool hex =
+        (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || (*c >= 'A' && *c <= 'F');
     if (!hex || digits == kDeviceKeyLength) return false;
     key.text[digits++] = (*c >= 'A' && *c <= 'F') ? static_cast<char>(*c - 'A' + 'a') : *c;
   }

@@ -25,7 +25,8 @@ std::map<std::string, std::string> limit_variables(const std::vector<std::uint64
                                                    const std::vector<int>& core_percent) {
   std::map<std::string, std::string> variables;
   std::vector<std::uint64_t> cores;
-  for (const int percent : core_percent) cores.push_back(percent > 0 ? static_cast<std::uint64_t>(percent) : 0);
+  for (const int percent : core_percent)
+    cores.push_back(percent > 0 ? static_cast<std::uint64_t>(percent) : 0);
   if (const std::string memory = list_of(memory_bytes); !memory.empty()) {
     variables[kMemoryLimitVariable] = memory;
   }

@@ -30,10 +30,14 @@ std::string text_field(const nlohmann::json& json, const char* name) {
 }  // namespace
 
 nlohmann::json owner_record_json(const OwnerRecord& record) {
-  return {{"resource", record.resource},   {"device_ids", record.device_ids},
-          {"gpus", record.gpus},           {"sequence", record.sequence},
-          {"namespace", record.pod_namespace}, {"pod", record.pod_name},
-          {"uid", record.pod_uid},         {"container", record.container},
+  return {{"resource", record.resource},
+          {"device_ids", record.device_ids},
+          {"gpus", record.gpus},
+          {"sequence", record.sequence},
+          {"namespace", record.pod_namespace},
+          {"pod", record.pod_name},
+          {"uid", record.pod_uid},
+          {"container", record.container},
           {"limits_written", record.limits_written}};
 }
 
@@ -46,7 +50,8 @@ OwnerRecord owner_record_from_json(const nlohmann::json& json) {
   record.pod_uid = text_field(json, "uid");
   record.container = text_field(json, "container");
   if (const auto ids = json.find("device_ids"); ids != json.end()) {
-    if (!ids->is_array() || ids->size() > kMostIds) throw std::runtime_error("device_ids is not a list");
+    if (!ids->is_array() || ids->size() > kMostIds)
+      throw std::runtime_error("device_ids is not a list");
     for (const auto& id : *ids) {
       if (!id.is_string() || id.get_ref<const std::string&>().size() > kMostText) {
         throw std::runtime_error("device_ids holds something other than an ID");
@@ -55,9 +60,11 @@ OwnerRecord owner_record_from_json(const nlohmann::json& json) {
     }
   }
   if (const auto gpus = json.find("gpus"); gpus != json.end()) {
-    if (!gpus->is_array() || gpus->size() > kMostIds) throw std::runtime_error("gpus is not a list");
+    if (!gpus->is_array() || gpus->size() > kMostIds)
+      throw std::runtime_error("gpus is not a list");
     for (const auto& gpu : *gpus) {
-      if (!gpu.is_number_integer() || gpu.get<std::int64_t>() < 0 || gpu.get<std::int64_t>() > 4096) {
+      if (!gpu.is_number_integer() || gpu.get<std::int64_t>() < 0 ||
+          gpu.get<std::int64_t>() > 4096) {
         throw std::runtime_error("gpus holds something other than a GPU index");
       }
       record.gpus.push_back(gpu.get<int>());

@@ -11,7 +11,7 @@ inline constexpr const char* kLedgerVariable = "TESSERA_LEDGER";  // the group's
 inline constexpr const char* kMemoryLimitVariable = "TESSERA_MEMORY_LIMIT";
 // Compute shares in percent of a device's time: "30", or "0=30,1=50".
 inline constexpr const char* kCoreLimitVariable = "TESSERA_CORE_LIMIT";
-inline constexpr const char* kBurstVariable = "TESSERA_CORE_BURST";  // 0 or 1
+inline constexpr const char* kBurstVariable = "TESSERA_CORE_BURST";   // 0 or 1
 inline constexpr const char* kPriorityVariable = "TESSERA_PRIORITY";  // high or low
 inline constexpr const char* kPriorityToleranceVariable = "TESSERA_PRIORITY_TOLERANCE";
 // How long the hook waits for its ledger to be written (a container started before the node

@@ -381,7 +381,7 @@ std::string Extender::refusal_locked(const PodRequest& pod, const std::string& n
     host_only.gpus = 0;
     request = request_on(*cluster_, host_only, info.gpu_memory_mib);
     return cluster_->fits(cluster_->nodes()[index], request) ? std::string()
-                                                              : "not enough CPU or memory";
+                                                             : "not enough CPU or memory";
   }
   if (pod.gpus > 0) {
     if (cluster_->nodes()[index].gpus == 0)

@@ -199,7 +199,8 @@ bool open_ledger(Hook& state, const DeviceLimits& limits) {
   ledger::GroupSpec spec;
   spec.limits = limits;
   spec.priority = state.priority;
-  if (const char* path = std::getenv(contract::kLedgerVariable); path != nullptr && path[0] != '\0') {
+  if (const char* path = std::getenv(contract::kLedgerVariable);
+      path != nullptr && path[0] != '\0') {
     if (!wait_for_ledger(path, state.failure) || !state.ledger.open(path, state.failure) ||
         !coordinate_beside(state, path)) {
       return false;
@@ -272,9 +273,8 @@ void initialize() {
   }
   if (state.priority != Priority::none && state.ledger_path[0] == '\0') {
     // Priorities are kept between groups through the coordination files beside their ledgers.
-    log(LogLevel::warn, "hook",
-        "a priority has no effect without a group ledger (TESSERA_LEDGER or "
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE)");
+    log(LogLevel::warn, "hook", "a priority has no effect without a group ledger (%s or %s)",
+        contract::kLedgerVariable, contract::kHamiSharedCacheVariable);
     state.priority = Priority::none;
   }
   if (state.accounting) {
@@ -342,7 +342,6 @@ int current_device() {
 
 namespace {
 
-
 // Opens device's coordination file, writing its header anew in place first if something wrote
 // over it (every group using it then finds it whole). Under coordination_lock. Problems are said
 // once until the file is usable again.
@@ -350,7 +349,7 @@ bool open_coordination(Hook& state, int device, DeviceCoordination& entry) {
   CUuuid uuid{};
   ErrorText error;
   const auto get_uuid = state.real.cuDeviceGetUuid_v2 != nullptr ? state.real.cuDeviceGetUuid_v2
-                                                                  : state.real.cuDeviceGetUuid;
+                                                                 : state.real.cuDeviceGetUuid;
   bool opened = false;
   if (get_uuid == nullptr || get_uuid(&uuid, device) != CUDA_SUCCESS) {
     error.set("device %d: its UUID cannot be read for its coordination file", device);
@@ -358,8 +357,7 @@ bool open_coordination(Hook& state, int device, DeviceCoordination& entry) {
     unsigned char bytes[16];
     std::memcpy(bytes, uuid.bytes, sizeof bytes);
     const contract::DeviceKey key = contract::device_key(bytes);
-    if (contract::coordination_path(state.ledger_path, key, entry.path, sizeof entry.path,
-                                    error)) {
+    if (contract::coordination_path(state.ledger_path, key, entry.path, sizeof entry.path, error)) {
       if (char* slash = std::strrchr(entry.path, '/'); slash != nullptr) {  // outside a cluster,
         *slash = '\0';  // the first group on a device makes the directory
         mkdir(entry.path, 0777);
@@ -368,7 +366,8 @@ bool open_coordination(Hook& state, int device, DeviceCoordination& entry) {
       opened = entry.demand.open(entry.path, key, state.group_identity, error);
       bool repaired = false;
       if (!opened && ledger::prepare_coordination_file(entry.path, key, repaired, error)) {
-        if (!entry.said) log(LogLevel::error, "hook", "%s; its header was written anew", error.text);
+        if (!entry.said)
+          log(LogLevel::error, "hook", "%s; its header was written anew", error.text);
         entry.said = true;
         opened = entry.demand.open(entry.path, key, state.group_identity, error);
       }

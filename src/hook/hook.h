@@ -104,13 +104,13 @@ struct Hook {
   pthread_mutex_t pool_lock;  // serialises pool operations so growth is attributed exactly
 
   bool compute_limited;  // a compute share or a priority applies: launches are governed
-  bool burst;            // TESSERA_CORE_BURST=1: use time no other group wants
-  Priority priority;     // the ledger's, TESSERA_PRIORITY's, CUDA_TASK_PRIORITY's: the lowest
+  bool burst;            // the ledger's or the environment's word: use time no other group wants
+  Priority priority;     // the lowest of the ledger's and the environment's (contract/variables.h)
   unsigned priority_tolerance;  // TESSERA_PRIORITY_TOLERANCE (high priority: what it gives up)
   // The file ledger's path (TESSERA_LEDGER or HAMi's cache), beside which the devices'
   // coordination files are (contract/layout.h); empty for a private ledger or none.
   char ledger_path[4096];
-  std::uint64_t group_identity;  // this group's, in coordination files
+  std::uint64_t group_identity;       // this group's, in coordination files
   pthread_mutex_t coordination_lock;  // opens and repairs coordination files
   DeviceCoordination coordination[kMaxDevices];
 };

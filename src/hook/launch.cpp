@@ -164,7 +164,8 @@ void collect_locked(Track& track, bool wait) {
       // The kernel's own time: no high-priority work was pending at the launch or launched
       // since, and the host did not hold the launch back long (a thread kept off the CPU).
       const auto sample = static_cast<std::uint64_t>(static_cast<double>(milliseconds) * 1e6);
-      const ledger::Demand* demand = entry.high_until != kNotClean ? coordination(entry.device) : nullptr;
+      const ledger::Demand* demand =
+          entry.high_until != kNotClean ? coordination(entry.device) : nullptr;
       const bool clean = demand != nullptr && entry.host_span_ns <= sample / 8 &&
                          demand->high_work_until(monotonic_ns()) == entry.high_until;
       cost.add(sample, entry.host_span_ns, clean);
@@ -320,9 +321,8 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   // A bursting group takes the whole device while no other group has wanted it lately; the
   // lead still bounds what it has queued, so a newcomer waits at most that long. Without its
   // coordination file it cannot tell, and keeps to its share.
-  const bool take_all =
-      share == 0 ||
-      (state.burst && demand != nullptr && !demand->others_active(now, kOthersWindowNs));
+  const bool take_all = share == 0 || (state.burst && demand != nullptr &&
+                                       !demand->others_active(now, kOthersWindowNs));
   const std::uint32_t percent = take_all ? 100 : share;
   std::uint64_t launch_at = now;
   if (estimate > 0) {  // wait for the share to have earned it

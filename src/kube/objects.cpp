@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "kube/json_input.h"
-#include "kube/quantity.h"
 #include "contract/annotations.h"
 #include "contract/pod_resources.h"
+#include "kube/json_input.h"
+#include "kube/quantity.h"
 
 namespace tessera::kube {
 namespace {
@@ -175,18 +175,18 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
   request.gpucores = static_cast<int>(limit(PodResource::gpu_cores));
   request.gpushare_gib = limit(PodResource::gpushare_memory);
   if (request.gpumem_percent > 100 || request.gpucores > 100) {
-    throw std::runtime_error(fmt::format("pod {}: {} and {} are percentages of one GPU (at most 100)",
-                                         label, resource_name(PodResource::gpu_memory_percent),
-                                         resource_name(PodResource::gpu_cores)));
+    throw std::runtime_error(fmt::format(
+        "pod {}: {} and {} are percentages of one GPU (at most 100)", label,
+        resource_name(PodResource::gpu_memory_percent), resource_name(PodResource::gpu_cores)));
   }
   if (request.gpushare_gib > 0) {
     // gpushare's pods ask for GiB of one GPU: a slice of one GPU with that memory.
     if (request.gpus > 0 || request.gpumem_mib > 0 || request.gpumem_percent > 0 ||
         request.gpucores > 0) {
-      throw std::runtime_error(fmt::format("pod {}: {} cannot be asked for beside {} or HAMi's "
-                                           "GPU memory and cores",
-                                           label, resource_name(PodResource::gpushare_memory),
-                                           resource_name(PodResource::gpus)));
+      throw std::runtime_error(fmt::format(
+          "pod {}: {} cannot be asked for beside {} or HAMi's "
+          "GPU memory and cores",
+          label, resource_name(PodResource::gpushare_memory), resource_name(PodResource::gpus)));
     }
     request.gpus = 1;
     request.gpumem_mib = request.gpushare_gib << 10;

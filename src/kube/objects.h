@@ -29,19 +29,19 @@ struct PodRequest {
   int gpumem_percent = 0;                           // nvidia.com/gpumem-percentage
   int gpucores = 0;                                 // nvidia.com/gpucores, percent of a GPU
   std::vector<std::string> use_types, nouse_types;  // nvidia.com/use-gputype, nouse-gputype
-  std::string policy;  // tessera.io/policy or HAMi's gpu-scheduler-policy
+  std::string policy;             // tessera.io/policy or HAMi's gpu-scheduler-policy
   std::int64_t gpushare_gib = 0;  // aliyun.com/gpu-mem, summed: GiB of one GPU
   Priority priority_annotation = Priority::none;  // tessera.io/priority
   bool burst = false;                             // tessera.io/burst
   struct Container {
     std::string name;
     // Its own limits (the pod's above are sums over its containers).
-    int gpus = 0;                  // nvidia.com/gpu
-    std::int64_t gpumem_mib = 0;   // nvidia.com/gpumem
-    int gpumem_percent = 0;        // nvidia.com/gpumem-percentage
-    int gpucores = 0;              // nvidia.com/gpucores
-    int gpushare_gib = 0;          // aliyun.com/gpu-mem
-    int hami_priority = -1;        // nvidia.com/priority; -1 where it has none
+    int gpus = 0;                 // nvidia.com/gpu
+    std::int64_t gpumem_mib = 0;  // nvidia.com/gpumem
+    int gpumem_percent = 0;       // nvidia.com/gpumem-percentage
+    int gpucores = 0;             // nvidia.com/gpucores
+    int gpushare_gib = 0;         // aliyun.com/gpu-mem
+    int hami_priority = -1;       // nvidia.com/priority; -1 where it has none
   };
   std::vector<Container> containers;  // in the pod's order
   // nvidia.com/mig-<profile> limits, summed over containers, by profile ("1g.10gb.me").

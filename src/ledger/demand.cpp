@@ -166,9 +166,8 @@ void Demand::add_high_work(std::uint64_t launch_ns, std::uint64_t cost_ns,
   }
 }
 
-Demand::LowPlacement Demand::place_low_work(std::uint64_t now_ns,
-                                            std::uint64_t high_idle_since_ns, std::uint64_t cost_ns,
-                                            std::uint64_t queue_allowed_ns) {
+Demand::LowPlacement Demand::place_low_work(std::uint64_t now_ns, std::uint64_t high_idle_since_ns,
+                                            std::uint64_t cost_ns, std::uint64_t queue_allowed_ns) {
   const std::uint64_t seen = file_->high_gap_count.load(std::memory_order_relaxed);
   const int samples = seen < kGapSamples ? static_cast<int>(seen) : kGapSamples;
   std::atomic<std::uint64_t>& until = file_->low_work_until_ns;
@@ -238,8 +237,8 @@ bool prepare_coordination_file(const char* path, const contract::DeviceKey& key,
 std::uint64_t group_identity(const char* ledger_path) {
   struct stat status {};
   if (stat(ledger_path, &status) != 0) return 0;
-  const std::uint64_t identity = (static_cast<std::uint64_t>(status.st_dev) << 40) ^
-                                 static_cast<std::uint64_t>(status.st_ino);
+  const std::uint64_t identity =
+      (static_cast<std::uint64_t>(status.st_dev) << 40) ^ static_cast<std::uint64_t>(status.st_ino);
   return identity != 0 ? identity : 1;
 }
 

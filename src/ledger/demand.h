@@ -50,7 +50,7 @@ struct DemandFile {
   // The idle gaps high-priority work left: from when its queued work was expected to be done
   // to its next launch. A ring: entry `high_gap_count % kGapSamples` is next.
   alignas(64) std::atomic<std::uint64_t> high_gap_ns[kGapSamples];
-  struct alignas(64) Slot {  // a line of its own: groups stamp, others read
+  struct alignas(64) Slot {            // a line of its own: groups stamp, others read
     std::atomic<std::uint64_t> group;  // the group's identity; 0: free
     std::atomic<std::uint64_t> last_launch_ns;
   } slot[kDemandSlots];

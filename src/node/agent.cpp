@@ -197,10 +197,10 @@ void NodeAgent::start() {
                       options_.node_name, node.status, node.error));
     }
   } else {
-    say(fmt::format(
-        "no API server: serving the kubelet from the config alone; node labels, the {} "
-        "annotation and the limits of slices' pods need one",
-        contract::kGpusAnnotation));
+    say(
+        fmt::format("no API server: serving the kubelet from the config alone; node labels, the {} "
+                    "annotation and the limits of slices' pods need one",
+                    contract::kGpusAnnotation));
   }
 
   // The first config must be good: there is nothing older to keep serving.
@@ -601,8 +601,8 @@ void NodeAgent::publish_loop() {
               {contract::kConfigAnnotation, state->config.name},
               {contract::kConfigErrorAnnotation,
                error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))}}}}}};
-      const kube::ApiResponse answer =
-          options_.api->patch(contract::api::node(options_.node_name), kube::dump_outside_json(patch));
+      const kube::ApiResponse answer = options_.api->patch(contract::api::node(options_.node_name),
+                                                           kube::dump_outside_json(patch));
       if (answer.status == 200) {
         published_labels_ = labels;
       } else {

@@ -24,6 +24,7 @@
 #include "kube/api_client.h"
 #include "node/allocation.h"
 #include "node/config.h"
+#include "node/container_grants.h"
 #include "node/health.h"
 #include "node/labels.h"
 #include "node/metrics.h"
@@ -31,7 +32,6 @@
 #include "node/nvml.h"
 #include "node/plugin_server.h"
 #include "node/resources.h"
-#include "node/container_grants.h"
 
 namespace tessera::node {
 
@@ -39,10 +39,10 @@ struct NodeAgentOptions {
   std::string node_name;
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string device_plugin_dir = "/var/lib/kubelet/device-plugins";
-  std::string config_file;   // one config (named after --config, or "default")
-  std::string config_dir;    // named configs, a file each (a mounted ConfigMap)
-  std::string config_name;   // the config to use when no node label names one
-  std::string features_dir;  // empty: no features file
+  std::string config_file;                     // one config (named after --config, or "default")
+  std::string config_dir;                      // named configs, a file each (a mounted ConfigMap)
+  std::string config_name;                     // the config to use when no node label names one
+  std::string features_dir;                    // empty: no features file
   std::string state_dir = "/var/lib/tessera";  // laid out as contract/host_layout.h says
   std::string hook_library;  // installed into state_dir for containers with slices
   // The kubelet's pod-resources API: whose devices a container's are (container_grants.h).

@@ -12,9 +12,9 @@
 #include <set>
 #include <sstream>
 
-#include "contract/annotations.h"
 #include "common/text.h"
 #include "common/units.h"
+#include "contract/annotations.h"
 #include "kube/objects.h"
 
 namespace tessera::node {

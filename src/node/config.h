@@ -146,5 +146,4 @@ struct ConfigChoice {
 };
 PluginConfig choose_config(const ConfigSet& set, const ConfigChoice& choice);
 
-
 }  // namespace tessera::node

@@ -130,8 +130,8 @@ ContainerGrant pod_grant(const Inventory& inventory, const std::vector<int>& gpu
     grant.memory_bytes.push_back(std::min(memory, total));
     grant.cores.push_back(whole ? 0 : container.gpucores);
   }
-  grant.source = fmt::format("pod {}/{} (container {})", pod.namespace_name, pod.name,
-                             container.name);
+  grant.source =
+      fmt::format("pod {}/{} (container {})", pod.namespace_name, pod.name, container.name);
   return grant;
 }
 
@@ -162,8 +162,8 @@ int container_asks(const Resource& resource, const kube::PodRequest::Container& 
 // --- the agent's side -------------------------------------------------------------------------
 
 ContainerGrants::ContainerGrants(contract::StateLayout layout, const kube::ApiClient* api,
-                                 std::string node_name,
-                                 std::unique_ptr<PodResourcesClient> kubelet, Reporter report)
+                                 std::string node_name, std::unique_ptr<PodResourcesClient> kubelet,
+                                 Reporter report)
     : layout_(std::move(layout)),
       api_(api),
       node_name_(std::move(node_name)),
@@ -172,9 +172,8 @@ ContainerGrants::ContainerGrants(contract::StateLayout layout, const kube::ApiCl
 
 void ContainerGrants::prepare(const Inventory& inventory) {
   std::error_code error;
-  for (const std::string& directory :
-       {layout_.containers(), layout_.coordination_directory(),
-        fs::path(layout_.preload_file()).parent_path().string()}) {
+  for (const std::string& directory : {layout_.containers(), layout_.coordination_directory(),
+                                       fs::path(layout_.preload_file()).parent_path().string()}) {
     fs::create_directories(directory, error);
     if (error) {
       throw std::runtime_error(fmt::format("cannot create {}: {}", directory, error.message()));
@@ -190,8 +189,8 @@ void ContainerGrants::prepare(const Inventory& inventory) {
   std::uint64_t newest = 0;
   for (const auto& entry : fs::directory_iterator(layout_.containers(), error)) {
     std::string unreadable;
-    const auto record =
-        contract::read_owner_record((entry.path() / "owner.json").string(), unreadable);
+    const auto record = contract::read_owner_record(
+        layout_.owner_record(entry.path().filename().string()), unreadable);
     if (record) newest = std::max(newest, record->sequence);
   }
   sequence_ = newest;
@@ -248,9 +247,10 @@ ContainerGrants::Made ContainerGrants::make_container(ContainerAllocation& alloc
     contract::DeviceKey key;
     const std::string& uuid = inventory.gpus[static_cast<std::size_t>(gpu)].uuid;
     if (!contract::device_key_from_uuid(uuid.c_str(), key)) {
-      report_(fmt::format("GPU {} ({}) has no key for a coordination file; its containers are "
-                          "not coordinated with each other",
-                          gpu, uuid));
+      report_(
+          fmt::format("GPU {} ({}) has no key for a coordination file; its containers are "
+                      "not coordinated with each other",
+                      gpu, uuid));
       continue;
     }
     std::ofstream(layout_.coordination_mount_point(made.id, key));
@@ -286,8 +286,7 @@ void ContainerGrants::write_ledger(const std::string& id, const contract::OwnerR
   spec.name = name.c_str();
   spec.priority = grant.priority;
   spec.burst = grant.burst;
-  for (std::size_t i = 0; i < grant.gpus.size() && i < static_cast<std::size_t>(kMaxDevices);
-       ++i) {
+  for (std::size_t i = 0; i < grant.gpus.size() && i < static_cast<std::size_t>(kMaxDevices); ++i) {
     spec.limits.memory_bytes[i] = grant.memory_bytes[i];
     spec.limits.core_percent[i] = static_cast<std::uint32_t>(grant.cores[i]);
   }
@@ -301,15 +300,14 @@ void ContainerGrants::write_ledger(const std::string& id, const contract::OwnerR
 }
 
 ContainerAllocation ContainerGrants::allocate(const Inventory& inventory,
-                                              const PluginConfig& config,
-                                              const Resource& resource,
+                                              const PluginConfig& config, const Resource& resource,
                                               const std::vector<std::string>& ids,
                                               const HealthBoard& health) {
   const std::vector<int> gpus = requested_gpus(resource, ids);  // checks the IDs
   for (const int gpu : gpus) {
     if (!health.healthy(gpu)) {
-      throw AllocationError(fmt::format("GPU {} for {} is unhealthy ({})", gpu, resource.name,
-                                        health.reason(gpu)));
+      throw AllocationError(
+          fmt::format("GPU {} for {} is unhealthy ({})", gpu, resource.name, health.reason(gpu)));
     }
   }
   ContainerAllocation allocation = expose_gpus(inventory, config, gpus, random_uuid());
@@ -350,8 +348,8 @@ std::string ContainerGrants::find_container(const std::string& resource,
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(layout_.containers(), error)) {
     std::string unreadable;
-    const auto found =
-        contract::read_owner_record((entry.path() / "owner.json").string(), unreadable);
+    const auto found = contract::read_owner_record(
+        layout_.owner_record(entry.path().filename().string()), unreadable);
     if (!found || found->resource != resource || found->device_ids != ids) continue;
     if (newest.empty() || found->sequence > record.sequence) {
       newest = entry.path().filename().string();
@@ -386,9 +384,10 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   const kube::ApiResponse read =
       api_->get(contract::api::pod(holder->pod_namespace, holder->pod_name), deadline);
   if (read.status != 200) {
-    throw AllocationError(fmt::format("pod {} cannot be read (HTTP {} {}); its limits cannot be "
-                                      "known",
-                                      label, read.status, read.error));
+    throw AllocationError(
+        fmt::format("pod {} cannot be read (HTTP {} {}); its limits cannot be "
+                    "known",
+                    label, read.status, read.error));
   }
   nlohmann::json object;
   kube::PodRequest pod;
@@ -398,9 +397,9 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   } catch (const std::exception& failure) {
     throw AllocationError(fmt::format("pod {}: {}", label, failure.what()));
   }
-  const auto container =
-      std::find_if(pod.containers.begin(), pod.containers.end(),
-                   [&](const kube::PodRequest::Container& c) { return c.name == holder->container; });
+  const auto container = std::find_if(
+      pod.containers.begin(), pod.containers.end(),
+      [&](const kube::PodRequest::Container& c) { return c.name == holder->container; });
   if (container == pod.containers.end()) {
     throw AllocationError(fmt::format("pod {} has no container {}", label, holder->container));
   }
@@ -408,13 +407,14 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   // handed to containers in the pod's order.
   int offset = 0;
   if (resource.kind != ResourceKind::gpushare) {
-    for (auto c = pod.containers.begin(); c != container; ++c) offset += container_asks(resource, *c);
+    for (auto c = pod.containers.begin(); c != container; ++c)
+      offset += container_asks(resource, *c);
   }
   const std::optional<kube::RecordedAssignment> assignment = assignment_here(object, node_name_);
   ContainerGrant grant =
-      resource.kind == ResourceKind::gpushare ? gpushare_grant(inventory, resource, ids)
-                                              : pod_grant(inventory, record.gpus, pod, *container,
-                                                          assignment ? assignment->milli : 0);
+      resource.kind == ResourceKind::gpushare
+          ? gpushare_grant(inventory, resource, ids)
+          : pod_grant(inventory, record.gpus, pod, *container, assignment ? assignment->milli : 0);
   grant.priority = kube::container_priority(pod, *container);
   grant.burst = pod.burst;
   grant.source = fmt::format("pod {} (container {})", label, holder->container);
@@ -428,15 +428,13 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   if (!contract::write_owner_record(layout_.owner_record(id), record, failure)) {
     throw AllocationError(failure);
   }
-  report_(fmt::format("{}: {} on GPU(s) {}: memory {}, cores {}{}, priority {} ({})",
-                      resource.name, id_list(ids), fmt::join(grant.gpus, ","),
-                      fmt::join(grant.memory_bytes, ","), fmt::join(grant.cores, ","),
-                      grant.burst ? " (bursting)" : "", priority_name(grant.priority),
-                      grant.source));
+  report_(fmt::format("{}: {} on GPU(s) {}: memory {}, cores {}{}, priority {} ({})", resource.name,
+                      id_list(ids), fmt::join(grant.gpus, ","), fmt::join(grant.memory_bytes, ","),
+                      fmt::join(grant.cores, ","), grant.burst ? " (bursting)" : "",
+                      priority_name(grant.priority), grant.source));
   if (assignment) {
-    const int count = resource.kind == ResourceKind::gpushare
-                          ? 1
-                          : static_cast<int>(record.gpus.size());
+    const int count =
+        resource.kind == ResourceKind::gpushare ? 1 : static_cast<int>(record.gpus.size());
     const std::vector<int> assigned =
         assigned_gpus(inventory, *assignment, numbering, offset, count);
     if (!assigned.empty() && assigned != record.gpus) {
@@ -461,12 +459,11 @@ void ContainerGrants::rewrite_assignment(const nlohmann::json& pod,
     corrected.gpus[at] = static_cast<int>(number - numbering.begin());
     if (!corrected.uuids.empty()) corrected.uuids[at] = uuid;
   }
-  nlohmann::json patch{{"metadata",
-                        {{"annotations",
-                          {{contract::kAssignmentAnnotation,
-                            kube::assignment_annotation(corrected)}}},
-                         {"resourceVersion",
-                          string_at(pod, "/metadata/resourceVersion"_json_pointer)}}}};
+  nlohmann::json patch{
+      {"metadata",
+       {{"annotations",
+         {{contract::kAssignmentAnnotation, kube::assignment_annotation(corrected)}}},
+        {"resourceVersion", string_at(pod, "/metadata/resourceVersion"_json_pointer)}}}};
   const kube::ApiResponse answer =
       api_->patch(contract::api::pod(name_space, name), kube::dump_outside_json(patch),
                   std::chrono::steady_clock::now() + kCallBudget);
@@ -475,14 +472,15 @@ void ContainerGrants::rewrite_assignment(const nlohmann::json& pod,
       "pod {}/{}: the kubelet gave it GPU(s) {} where the scheduler assigned others; its "
       "assignment now says so{}",
       name_space, name, fmt::join(gpus, ","),
-      answer.status == 200 ? "" : fmt::format(" (not written: HTTP {} {})", answer.status,
-                                              answer.error)));
+      answer.status == 200
+          ? ""
+          : fmt::format(" (not written: HTTP {} {})", answer.status, answer.error)));
 }
 
 std::vector<std::string> ContainerGrants::prefer(
-    const Inventory& inventory, const Resource& resource,
-    const std::vector<std::string>& available, const std::vector<std::string>& must_include,
-    int size, const std::vector<std::string>& numbering,
+    const Inventory& inventory, const Resource& resource, const std::vector<std::string>& available,
+    const std::vector<std::string>& must_include, int size,
+    const std::vector<std::string>& numbering,
     const std::function<std::vector<std::string>()>& fallback) const {
   if (!limits_at_pre_start(resource) || kubelet_ == nullptr) return fallback();
   // The containers being admitted: known to the kubelet, asking for `size` of the resource,
@@ -497,8 +495,8 @@ std::vector<std::string> ContainerGrants::prefer(
   try {
     const nlohmann::json body = kube::parse_outside_json(listed.body);
     const nlohmann::json* items = kube::find_at(body, {"items"});
-    for (const nlohmann::json& item : items != nullptr && items->is_array() ? *items
-                                                                            : nlohmann::json()) {
+    for (const nlohmann::json& item :
+         items != nullptr && items->is_array() ? *items : nlohmann::json()) {
       if (terminal(item)) continue;
       const std::optional<kube::RecordedAssignment> assignment = assignment_here(item, node_name_);
       if (!assignment) continue;
@@ -516,11 +514,10 @@ std::vector<std::string> ContainerGrants::prefer(
       for (const kube::PodRequest::Container& container : pod.containers) {
         const int asks = container_asks(resource, container);
         if (asks == 0) continue;
-        const auto held = std::find_if(known->containers.begin(), known->containers.end(),
-                                       [&](const KubeletContainer& k) {
-                                         return k.name == container.name &&
-                                                k.devices.contains(resource.name);
-                                       });
+        const auto held = std::find_if(
+            known->containers.begin(), known->containers.end(), [&](const KubeletContainer& k) {
+              return k.name == container.name && k.devices.contains(resource.name);
+            });
         if (held == known->containers.end() && asks == size) {
           std::vector<int> gpus =
               resource.kind == ResourceKind::gpushare
@@ -534,19 +531,18 @@ std::vector<std::string> ContainerGrants::prefer(
   } catch (const std::exception&) {
     return fallback();
   }
-  if (wanted.empty() ||
-      std::any_of(wanted.begin(), wanted.end(), [&](const auto& gpus) { return gpus != wanted[0]; }))
+  if (wanted.empty() || std::any_of(wanted.begin(), wanted.end(),
+                                    [&](const auto& gpus) { return gpus != wanted[0]; }))
     return fallback();  // none to be told, or several admitted at once that want different GPUs
   std::vector<std::string> chosen = must_include;
   for (const int gpu : wanted[0]) {
     int needed = resource.kind == ResourceKind::gpushare
                      ? size - static_cast<int>(chosen.size())
-                     : 1 - static_cast<int>(std::count_if(chosen.begin(), chosen.end(),
-                                                          [&](const std::string& id) {
-                                                            const AdvertisedDevice* d =
-                                                                resource.find(id);
-                                                            return d != nullptr && d->gpu == gpu;
-                                                          }));
+                     : 1 - static_cast<int>(std::count_if(
+                               chosen.begin(), chosen.end(), [&](const std::string& id) {
+                                 const AdvertisedDevice* d = resource.find(id);
+                                 return d != nullptr && d->gpu == gpu;
+                               }));
     for (const std::string& id : available) {
       if (needed <= 0) break;
       const AdvertisedDevice* device = resource.find(id);
@@ -562,8 +558,8 @@ std::vector<std::string> ContainerGrants::prefer(
   return chosen;
 }
 
-std::string ContainerGrants::add_ledger(ContainerAllocation& allocation,
-                                        const Inventory& inventory, const Resource& resource,
+std::string ContainerGrants::add_ledger(ContainerAllocation& allocation, const Inventory& inventory,
+                                        const Resource& resource,
                                         const std::vector<std::string>& ids,
                                         const ContainerGrant& grant) {
   make_container(allocation, inventory, resource, ids, grant.gpus, &grant);

@@ -106,11 +106,11 @@ class ContainerGrants {
                  const std::vector<std::string>& ids, const std::vector<std::string>& numbering);
   // GetPreferredAllocation: the IDs on the GPU the scheduler assigned to the container being
   // admitted, where that container can be told; else `fallback`'s choice.
-  std::vector<std::string> prefer(
-      const Inventory& inventory, const Resource& resource,
-      const std::vector<std::string>& available, const std::vector<std::string>& must_include,
-      int size, const std::vector<std::string>& numbering,
-      const std::function<std::vector<std::string>()>& fallback) const;
+  std::vector<std::string> prefer(const Inventory& inventory, const Resource& resource,
+                                  const std::vector<std::string>& available,
+                                  const std::vector<std::string>& must_include, int size,
+                                  const std::vector<std::string>& numbering,
+                                  const std::function<std::vector<std::string>()>& fallback) const;
   // An MPS container's ledger, holding it to its replicas' memory; the answer gains the hook,
   // the ledger and the limits' variables. Returns the limits as the log says them.
   std::string add_ledger(ContainerAllocation& allocation, const Inventory& inventory,

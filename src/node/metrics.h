@@ -31,8 +31,8 @@ struct AgentStatus {
   bool config_refused = false;  // the last config read was refused; the previous one serves
 };
 
-// Renders the metrics; reads the containers' owner records and ledgers in the state directory. The achieved
-// compute share of a group is measured between two renders (the first shows none).
+// Renders the metrics; reads the containers' owner records and ledgers in the state directory. The
+// achieved compute share of a group is measured between two renders (the first shows none).
 class MetricsRenderer {
  public:
   explicit MetricsRenderer(contract::StateLayout layout) : layout_(std::move(layout)) {}

@@ -116,7 +116,7 @@ std::uint64_t mps_replica_memory(std::uint64_t memory_bytes, int replicas) {
 }
 
 ContainerGrant mps_container_grant(const Inventory& inventory, const Resource& resource,
-                               const std::vector<std::string>& ids) {
+                                   const std::vector<std::string>& ids) {
   ContainerGrant grant;
   grant.gpus = requested_gpus(resource, ids);
   for (const int gpu : grant.gpus) {

@@ -20,10 +20,10 @@
 
 #include "node/allocation.h"
 #include "node/config.h"
+#include "node/container_grants.h"
 #include "node/health.h"
 #include "node/nvml.h"
 #include "node/resources.h"
-#include "node/container_grants.h"
 
 namespace tessera::node {
 
@@ -56,7 +56,7 @@ std::uint64_t mps_replica_memory(std::uint64_t memory_bytes, int replicas);
 // each process alone): on each GPU, the pinned memory of the replicas it was given. No compute
 // share: MPS's thread percentage already caps its SMs.
 ContainerGrant mps_container_grant(const Inventory& inventory, const Resource& resource,
-                               const std::vector<std::string>& ids);
+                                   const std::vector<std::string>& ids);
 
 // Sends one control command to the daemon of `pipe_dir`; its answer, or nothing if no daemon
 // answered within `timeout`.

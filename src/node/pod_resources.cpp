@@ -34,8 +34,7 @@ bool PodResourcesClient::list(std::vector<KubeletPod>& pods, std::string& error)
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kCallBudget);
   v1::ListPodResourcesResponse answer;
-  const grpc::Status status =
-      stub_->lister->List(&context, v1::ListPodResourcesRequest(), &answer);
+  const grpc::Status status = stub_->lister->List(&context, v1::ListPodResourcesRequest(), &answer);
   if (!status.ok()) {
     error = fmt::format("the kubelet's pod-resources API ({}) does not answer: {}", socket_,
                         status.error_message());

@@ -201,9 +201,10 @@ void add_gpushare(ResourceMap& map, const Inventory& inventory, const PluginConf
     }
   }
   if (sliced.empty()) {
-    map.notes.push_back(fmt::format("{}: sharing.slices.gpushare: no GPU is sliced here; {} is "
-                                    "not served",
-                                    config.origin, name));
+    map.notes.push_back(
+        fmt::format("{}: sharing.slices.gpushare: no GPU is sliced here; {} is "
+                    "not served",
+                    config.origin, name));
     return;
   }
   Resource& units = resource_named(map, name, ResourceKind::gpushare);
@@ -212,9 +213,9 @@ void add_gpushare(ResourceMap& map, const Inventory& inventory, const PluginConf
     const GpuInfo& info = inventory.gpus[static_cast<std::size_t>(gpu)];
     const auto gib = static_cast<int>(info.memory_bytes / contract::kGpushareUnitBytes);
     for (int unit = 0; unit < gib; ++unit) {
-      units.devices.push_back(AdvertisedDevice{
-          fmt::format("{}{}{}", info.uuid, contract::kGpushareIdSeparator, unit), gpu, unit,
-          info.numa_node, -1});
+      units.devices.push_back(
+          AdvertisedDevice{fmt::format("{}{}{}", info.uuid, contract::kGpushareIdSeparator, unit),
+                           gpu, unit, info.numa_node, -1});
     }
   }
 }

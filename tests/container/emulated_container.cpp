@@ -135,7 +135,8 @@ int main(int argc, char** argv) {
   }
   if (chdir(scratch.c_str()) != 0) fail("cannot enter " + scratch);
   enter_namespaces();
-  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail("cannot make / private");
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    fail("cannot make / private");
   // Opened in this namespace (a mount of another cannot be bound), before anything is mounted.
   for (auto* list : {&mounts, &devices}) {
     for (Mount& entry : *list) {
@@ -156,9 +157,8 @@ int main(int argc, char** argv) {
     const std::string from = "/proc/self/fd/" + std::to_string(entry.source);
     if (mount(from.c_str(), entry.container.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
       fail("cannot mount " + entry.host + " at " + entry.container);
-    if (entry.read_only &&
-        mount(nullptr, entry.container.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY,
-              nullptr) != 0) {
+    if (entry.read_only && mount(nullptr, entry.container.c_str(), nullptr,
+                                 MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr) != 0) {
       fail("cannot make " + entry.container + " read-only");
     }
   }

@@ -325,7 +325,8 @@ grpc::Status TestKubelet::admit(const PodSpec& pod, std::vector<AdmittedContaine
     }
     // Held from the start of its admission, as the kubelet's pod manager holds it.
     HeldPod held{pod.name_space, pod.name, {}};
-    for (const auto& container : pod.containers) held.containers.push_back({container.name, {}, {}});
+    for (const auto& container : pod.containers)
+      held.containers.push_back({container.name, {}, {}});
     pods_.push_back(std::move(held));
   }
   auto refuse = [&](const grpc::Status& status) {
@@ -351,8 +352,8 @@ grpc::Status TestKubelet::admit(const PodSpec& pod, std::vector<AdmittedContaine
           }
         }
         if (static_cast<int>(available.size()) < count) {
-          return refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                     "Insufficient " + resource));
+          return refuse(
+              grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "Insufficient " + resource));
         }
         chosen.assign(available.begin(), available.begin() + count);
         bool preferred_available = false;
@@ -389,10 +390,10 @@ grpc::Status TestKubelet::admit(const PodSpec& pod, std::vector<AdmittedContaine
       const grpc::Status allocated = allocate(resource, {chosen}, response);
       if (!allocated.ok()) return refuse(allocated);
       if (response.container_responses_size() != 1) {
-        return refuse(grpc::Status(grpc::StatusCode::INTERNAL, "Allocate answered " +
-                                                                   std::to_string(
-                                                                       response.container_responses_size()) +
-                                                                   " containers for 1"));
+        return refuse(grpc::Status(grpc::StatusCode::INTERNAL,
+                                   "Allocate answered " +
+                                       std::to_string(response.container_responses_size()) +
+                                       " containers for 1"));
       }
       admitted.devices[resource] = chosen;
       admitted.answers.push_back(response.container_responses(0));
