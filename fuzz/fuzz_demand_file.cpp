@@ -31,7 +31,7 @@ struct Fixture {
     if (!contract::device_key_from_uuid("GPU-7e55e7a0-0000-4000-8000-000000000000", key)) {
       broken("no device key");
     }
-    path = std::string(made) + "/" + key.text + ".demand";
+    path = std::string(made) + "/" + key.text + contract::kCoordinationSuffix;
     Demand demand;
     ErrorText error;
     if (!demand.open(path.c_str(), key, 1, error)) broken(error.text);

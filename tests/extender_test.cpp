@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "contract/annotations.h"
+#include "kube/objects.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -559,6 +560,45 @@ TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
       "filter",
       {{"Pod", pod("m5", {{"nvidia.com/mig-1g.10gb", "lots"}})}, {"NodeNames", {"mig-a"}}}, 400);
   EXPECT_NE(bad.dump().find("is not a count of MIG devices"), std::string::npos) << bad.dump();
+}
+
+// A node whose GPUs are all time-sliced: its replicas are the kubelet's to count. A pod asking
+// for whole GPUs alone passes, holding only its CPU and memory; one asking for part of a GPU
+// does not (no GPU there is cut into slices).
+TEST_F(Extender, WholeGpuPodsGoToTimeSlicedNodesWhereTheKubeletCountsTheReplicas) {
+  const nlohmann::json gpus{
+      {"version", 2},
+      {"gpus",
+       {{{"index", 0},
+         {"uuid", "GPU-ts0"},
+         {"model", "Tesla-T4"},
+         {"memory_mib", 15360},
+         {"sharing", "timeslice"},
+         {"slices", 4},
+         {"healthy", true}}}}};
+  nlohmann::json node;
+  node["metadata"] = {{"name", "ts"}, {"annotations", {{contract::kGpusAnnotation, gpus.dump()}}}};
+  node["status"]["allocatable"] = {{"cpu", "8"}, {"memory", "32Gi"}};
+  api_.push("nodes", {{"type", "ADDED"}, {"object", node}});
+  ASSERT_TRUE(eventually([&] { return whole_gpus_fit(1, "ts"); }));
+  const nlohmann::json part = post(
+      "filter", {{"Pod", pod("part", {{"nvidia.com/gpu", "1"}, {"nvidia.com/gpumem", "1024"}})},
+                 {"NodeNames", {"ts"}}});
+  EXPECT_EQ(part["NodeNames"], nlohmann::json::array()) << part.dump();
+  // Bound, it holds its CPU: 3 more such pods of 2 cores fit the node's 8, a fifth does not.
+  pod("w0", {{"nvidia.com/gpu", "1"}});
+  ASSERT_EQ(bind("w0", "ts")["Error"], "");
+  const nlohmann::json record = nlohmann::json::parse(
+      api_.calls()[0].second)["metadata"]["annotations"][contract::kAssignmentAnnotation];
+  EXPECT_EQ(kube::assignment_from_annotation(record).gpus, std::vector<int>{})
+      << "no GPU of its own: the kubelet gives it a replica";
+  for (const char* name : {"w1", "w2", "w3"}) {
+    pod(name, {{"nvidia.com/gpu", "1"}});
+    ASSERT_EQ(bind(name, "ts")["Error"], "") << name;
+  }
+  const nlohmann::json full = post(
+      "filter", {{"Pod", pod("w4", {{"nvidia.com/gpu", "1"}})}, {"NodeNames", {"ts"}}});
+  EXPECT_EQ(full["FailedNodes"]["ts"], "not enough CPU or memory") << full.dump();
 }
 
 TEST_F(Extender, MigPodsArePackedWhereTheirProfileIsInUseAlready) {

@@ -627,7 +627,7 @@ const contract::DeviceKey kOtherDevice = [] {
 }();
 
 std::string coordination_file(const ScratchDirectory& scratch, const contract::DeviceKey& key) {
-  return scratch.file(std::string(key.text) + ".demand");
+  return scratch.file(std::string(key.text) + contract::kCoordinationSuffix);
 }
 
 Demand open_demand(const ScratchDirectory& scratch, std::uint64_t group,

@@ -175,8 +175,15 @@ void expect_every_pod_gets_its_own_limits(Admission admission) {
     }
   }
   EXPECT_EQ(right, kRuns);
-  std::printf("%s admission: every container had its own pod's limits in %d of %d runs\n",
-              admission == Admission::reverse ? "reverse-order" : "concurrent", right, kRuns);
+  const double rewritten = node.node().metric("tessera_assignments_rewritten_total");
+  if (admission == Admission::reverse) {
+    EXPECT_EQ(rewritten, 0) << "one at a time, none";
+  }
+  std::printf(
+      "%s admission: every container had its own pod's limits in %d of %d runs; %.0f of %d "
+      "containers got another GPU than assigned, and their pods' records say so\n",
+      admission == Admission::reverse ? "reverse-order" : "concurrent", right, kRuns, rewritten,
+      kRuns * kPods);
 }
 
 TEST(NodePods, LimitsLandOnTheirOwnPodWhenAdmittedInReverseCreationOrder) {

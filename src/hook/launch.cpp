@@ -349,7 +349,7 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   pthread_mutex_lock(&shared.lock);
   CUevent before = take_event_locked(*track);
   // Whether a sample is clean matters only to low-priority groups: others read no clock and
-  // no demand file for it.
+  // no coordination file for it.
   const bool low = state.priority == Priority::low;
   const std::uint64_t recording = low ? monotonic_ns() : 0;
   if (before != nullptr && state.real.cuEventRecord(before, stream) != CUDA_SUCCESS) {

@@ -673,6 +673,7 @@ std::string NodeAgent::metrics() {
     status.config_refused = !config_error_.empty();
   }
   status.config_name = state->config.name;
+  status.assignments_rewritten = grants_->assignments_rewritten();
   return metrics_renderer_.render(status);
 }
 

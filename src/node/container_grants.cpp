@@ -179,7 +179,11 @@ void ContainerGrants::prepare(const Inventory& inventory) {
       throw std::runtime_error(fmt::format("cannot create {}: {}", directory, error.message()));
     }
   }
-  fs::permissions(layout_.coordination_directory(), fs::perms::all, error);
+  // Readable by every container's processes (the files in it are readable and writable).
+  fs::permissions(layout_.coordination_directory(),
+                  fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                      fs::perms::others_read | fs::perms::others_exec,
+                  error);
   std::ofstream preload(layout_.preload_file(), std::ios::trunc);
   preload << contract::kContainerHookPath << "\n";
   if (!preload.flush()) {

@@ -134,6 +134,9 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
              "Devices advertised to the kubelet, by resource and health");
   out.family("tessera_config_generation", "gauge",
              "How many configs the agent has applied since it started");
+  out.family("tessera_assignments_rewritten_total", "counter",
+             "Containers the kubelet gave another GPU than the scheduler assigned; their pods' "
+             "assignments were rewritten to the GPU they got");
   out.family("tessera_config_reload_errors_total", "counter",
              "Configs refused (the last good one kept serving)");
   out.family("tessera_config_info", "gauge",
@@ -189,6 +192,8 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
   }
   out.add("tessera_config_generation", "", static_cast<double>(status.config_generation));
   out.add("tessera_config_reload_errors_total", "", static_cast<double>(status.reload_errors));
+  out.add("tessera_assignments_rewritten_total", "",
+          static_cast<double>(status.assignments_rewritten));
   out.add("tessera_config_info",
           fmt::format("config=\"{}\",refused=\"{}\"", metric_label(status.config_name),
                       status.config_refused ? 1 : 0),

@@ -27,6 +27,7 @@ struct AgentStatus {
   std::map<std::string, Served> resources;  // by resource name
   std::uint64_t config_generation = 0;
   std::uint64_t reload_errors = 0;
+  std::uint64_t assignments_rewritten = 0;  // containers given another GPU than assigned
   std::string config_name;
   bool config_refused = false;  // the last config read was refused; the previous one serves
 };
