@@ -566,16 +566,15 @@ TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
 // for whole GPUs alone passes, holding only its CPU and memory; one asking for part of a GPU
 // does not (no GPU there is cut into slices).
 TEST_F(Extender, WholeGpuPodsGoToTimeSlicedNodesWhereTheKubeletCountsTheReplicas) {
-  const nlohmann::json gpus{
-      {"version", 2},
-      {"gpus",
-       {{{"index", 0},
-         {"uuid", "GPU-ts0"},
-         {"model", "Tesla-T4"},
-         {"memory_mib", 15360},
-         {"sharing", "timeslice"},
-         {"slices", 4},
-         {"healthy", true}}}}};
+  const nlohmann::json gpus{{"version", 2},
+                            {"gpus",
+                             {{{"index", 0},
+                               {"uuid", "GPU-ts0"},
+                               {"model", "Tesla-T4"},
+                               {"memory_mib", 15360},
+                               {"sharing", "timeslice"},
+                               {"slices", 4},
+                               {"healthy", true}}}}};
   nlohmann::json node;
   node["metadata"] = {{"name", "ts"}, {"annotations", {{contract::kGpusAnnotation, gpus.dump()}}}};
   node["status"]["allocatable"] = {{"cpu", "8"}, {"memory", "32Gi"}};
@@ -596,8 +595,8 @@ TEST_F(Extender, WholeGpuPodsGoToTimeSlicedNodesWhereTheKubeletCountsTheReplicas
     pod(name, {{"nvidia.com/gpu", "1"}});
     ASSERT_EQ(bind(name, "ts")["Error"], "") << name;
   }
-  const nlohmann::json full = post(
-      "filter", {{"Pod", pod("w4", {{"nvidia.com/gpu", "1"}})}, {"NodeNames", {"ts"}}});
+  const nlohmann::json full =
+      post("filter", {{"Pod", pod("w4", {{"nvidia.com/gpu", "1"}})}, {"NodeNames", {"ts"}}});
   EXPECT_EQ(full["FailedNodes"]["ts"], "not enough CPU or memory") << full.dump();
 }
 

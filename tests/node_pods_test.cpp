@@ -369,11 +369,10 @@ TEST(NodePods, ACoordinationFileWrittenOverIsSaidAndMadeWholeAndRaisesNoOne) {
   const std::vector<std::uint64_t> alone = completion_latencies(
       node.scratch(), interactive_client(node, interactive), kSettleNs, 0, kTwoGpus);
   const std::string batch_log = node.scratch().file("batch.log");
-  Running saturating(
-      in_container(node.scratch(), batch,
-                   {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + batch_log, worker(), "saturate",
-                    "plain", "lo@200us", "2.0"}),
-      node.env());
+  Running saturating(in_container(node.scratch(), batch,
+                                  {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + batch_log, worker(),
+                                   "saturate", "plain", "lo@200us", "2.0"}),
+                     node.env());
   ASSERT_EQ(saturating.read_line(), "started");
   {
     std::fstream written_over(file, std::ios::in | std::ios::out | std::ios::binary);
