@@ -237,9 +237,10 @@ TEST(Cli, ARunEndingFirstLeavesTheLedgerToARunWhoseWorkloadHasNotJoinedYet) {
   ScratchDirectory scratch;
   const Environment environment = cli_environment(scratch);
   // The second run's workload has not made its first CUDA call when the first run ends.
+  const std::string ledger = std::string("\"$") + contract::kLedgerVariable + "\"";
   Running waiting({tessera(), "run", "--memory", "1GiB", "--group", "g", "--", "/bin/sh", "-c",
-                   "echo ready; read go; test -e \"$TESSERA_LEDGER\" && echo present || echo "
-                   "absent; exec \"$0\" info",
+                   "echo ready; read go; test -e " + ledger +
+                       " && echo present || echo absent; exec \"$0\" info",
                    worker()},
                   environment);
   ASSERT_EQ(waiting.read_line(), "ready");
@@ -284,14 +285,14 @@ TEST(Cli, ALedgerZeroedUnderItsMembersNeverLiftsTheirLimit) {
 }
 
 TEST(Cli, ALedgerDamagedUnderARunIsReportedAndTheExitStatusKept) {
+  const std::string ledger = std::string("\"$") + contract::kLedgerVariable + "\"";
   const struct {
     const char* name;
-    const char* damage;
+    std::string damage;
   } damages[] = {
-      {"truncated", "truncate -s 0 \"$TESSERA_LEDGER\""},
-      {"bytes written over it",
-       "tr '\\000' '\\132' < /dev/zero | head -c \"$(stat -c %s \"$TESSERA_LEDGER\")\" | "
-       "dd of=\"$TESSERA_LEDGER\" conv=notrunc status=none"},
+      {"truncated", "truncate -s 0 " + ledger},
+      {"bytes written over it", "tr '\\000' '\\132' < /dev/zero | head -c \"$(stat -c %s " +
+                                    ledger + ")\" | dd of=" + ledger + " conv=notrunc status=none"},
   };
   for (const auto& damage : damages) {
     ScratchDirectory scratch;
