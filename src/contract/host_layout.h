@@ -20,7 +20,6 @@ namespace tessera::contract {
 class StateLayout {
  public:
   explicit StateLayout(std::string root) : root_(std::move(root)) {}
-  const std::string& root() const { return root_; }
 
   std::string hook_library() const { return root_ + "/lib/libtessera-cuda.so"; }
   std::string preload_file() const { return root_ + "/lib/ld.so.preload"; }

@@ -64,7 +64,6 @@ class Demand {
   // another device, or whose header fails its checksum.
   bool open(const char* path, const contract::DeviceKey& key, std::uint64_t group_id,
             ErrorText& error);
-  bool is_open() const { return file_ != nullptr; }
   void close();
   // Whether the header is still the one verified at open: false once something wrote over it.
   bool intact() const;

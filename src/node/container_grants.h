@@ -122,7 +122,6 @@ class ContainerGrants {
   int collect(const std::set<std::string>& live_pod_uids);
 
   std::uint64_t assignments_rewritten() const { return rewritten_.load(); }
-  const contract::StateLayout& layout() const { return layout_; }
 
  private:
   struct Made {

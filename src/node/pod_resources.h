@@ -33,7 +33,6 @@ class PodResourcesClient {
   PodResourcesClient(const PodResourcesClient&) = delete;
   PodResourcesClient& operator=(const PodResourcesClient&) = delete;
 
-  const std::string& socket() const { return socket_; }
   // Every pod the kubelet holds (admitted, or being admitted) and its containers' devices.
   // False, with the reason, if the kubelet cannot be asked.
   bool list(std::vector<KubeletPod>& pods, std::string& error) const;

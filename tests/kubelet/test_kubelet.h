@@ -104,7 +104,6 @@ class TestKubelet {
   // The pod is gone: its devices are free, and the pod-resources API no longer lists it.
   void remove(const std::string& name_space, const std::string& pod);
   void set_concurrent_admission(bool concurrent) { concurrent_admission_ = concurrent; }
-  const std::string& pod_resources_socket() const { return pod_resources_socket_; }
   class PodResources;
 
   class Service;
