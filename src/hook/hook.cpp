@@ -366,9 +366,8 @@ bool open_coordination(Hook& state, int device, DeviceCoordination& entry) {
       opened = entry.demand.open(entry.path, key, state.group_identity, error);
       bool repaired = false;
       if (!opened && ledger::prepare_coordination_file(entry.path, key, repaired, error)) {
-        if (!entry.said)
+        if (repaired && !entry.said)  // not when it merely did not exist yet
           log(LogLevel::error, "hook", "%s; its header was written anew", error.text);
-        entry.said = true;
         opened = entry.demand.open(entry.path, key, state.group_identity, error);
       }
     }
