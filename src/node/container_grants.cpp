@@ -155,8 +155,18 @@ std::vector<int> assigned_gpus(const Inventory& inventory, const kube::RecordedA
   return gpus;
 }
 
-int container_asks(const Resource& resource, const kube::PodRequest::Container& container) {
-  return resource.kind == ResourceKind::gpushare ? container.gpushare_gib : container.gpus;
+std::vector<AssignedPlace> assigned_places(const Resource& resource, const kube::PodRequest& pod) {
+  std::vector<AssignedPlace> places;
+  int offset = 0;
+  for (const kube::PodRequest::Container& container : pod.containers) {
+    if (resource.kind == ResourceKind::gpushare) {
+      places.push_back({container.gpushare_gib, 0, container.gpushare_gib > 0 ? 1 : 0});
+    } else {
+      places.push_back({container.gpus, offset, container.gpus});
+      offset += container.gpus;
+    }
+  }
+  return places;
 }
 
 // --- the agent's side -------------------------------------------------------------------------
@@ -407,21 +417,9 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   if (container == pod.containers.end()) {
     throw AllocationError(fmt::format("pod {} has no container {}", label, holder->container));
   }
-  // Its GPUs in the assignment: gpushare's pods have one for all their containers; slices are
-  // handed to containers in the pod's order.
-  int offset = 0;
-  if (resource.kind != ResourceKind::gpushare) {
-    for (auto c = pod.containers.begin(); c != container; ++c)
-      offset += container_asks(resource, *c);
-  }
   const std::optional<kube::RecordedAssignment> assignment = assignment_here(object, node_name_);
-  ContainerGrant grant =
-      resource.kind == ResourceKind::gpushare
-          ? gpushare_grant(inventory, resource, ids)
-          : pod_grant(inventory, record.gpus, pod, *container, assignment ? assignment->milli : 0);
-  grant.priority = kube::container_priority(pod, *container);
-  grant.burst = pod.burst;
-  grant.source = fmt::format("pod {} (container {})", label, holder->container);
+  const ContainerGrant grant =
+      pod_grant(inventory, record.gpus, pod, *container, assignment ? assignment->milli : 0);
   record.pod_namespace = pod.namespace_name;
   record.pod_name = pod.name;
   record.pod_uid = pod.uid;
@@ -437,12 +435,12 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
                       fmt::join(grant.cores, ","), grant.burst ? " (bursting)" : "",
                       priority_name(grant.priority), grant.source));
   if (assignment) {
-    const int count =
-        resource.kind == ResourceKind::gpushare ? 1 : static_cast<int>(record.gpus.size());
+    const AssignedPlace place = assigned_places(
+        resource, pod)[static_cast<std::size_t>(container - pod.containers.begin())];
     const std::vector<int> assigned =
-        assigned_gpus(inventory, *assignment, numbering, offset, count);
+        assigned_gpus(inventory, *assignment, numbering, place.offset, place.count);
     if (!assigned.empty() && assigned != record.gpus) {
-      rewrite_assignment(object, *assignment, offset, record.gpus, numbering, inventory);
+      rewrite_assignment(object, *assignment, place.offset, record.gpus, numbering, inventory);
     }
   }
 }
@@ -514,22 +512,17 @@ std::vector<std::string> ContainerGrants::prefer(
         return k.name_space == pod.namespace_name && k.name == pod.name;
       });
       if (known == kubelet_pods.end()) continue;
-      int offset = 0;
-      for (const kube::PodRequest::Container& container : pod.containers) {
-        const int asks = container_asks(resource, container);
-        if (asks == 0) continue;
+      const std::vector<AssignedPlace> places = assigned_places(resource, pod);
+      for (std::size_t c = 0; c < pod.containers.size(); ++c) {
+        if (places[c].asks == 0 || places[c].asks != size) continue;
         const auto held = std::find_if(
             known->containers.begin(), known->containers.end(), [&](const KubeletContainer& k) {
-              return k.name == container.name && k.devices.contains(resource.name);
+              return k.name == pod.containers[c].name && k.devices.contains(resource.name);
             });
-        if (held == known->containers.end() && asks == size) {
-          std::vector<int> gpus =
-              resource.kind == ResourceKind::gpushare
-                  ? assigned_gpus(inventory, *assignment, numbering, 0, 1)
-                  : assigned_gpus(inventory, *assignment, numbering, offset, asks);
-          if (!gpus.empty()) wanted.push_back(std::move(gpus));
-        }
-        if (resource.kind != ResourceKind::gpushare) offset += asks;
+        if (held != known->containers.end()) continue;
+        std::vector<int> gpus =
+            assigned_gpus(inventory, *assignment, numbering, places[c].offset, places[c].count);
+        if (!gpus.empty()) wanted.push_back(std::move(gpus));
       }
     }
   } catch (const std::exception&) {

@@ -73,8 +73,15 @@ ContainerGrant pod_grant(const Inventory& inventory, const std::vector<int>& gpu
 // Empty if any is not on this node.
 std::vector<int> assigned_gpus(const Inventory& inventory, const kube::RecordedAssignment& record,
                                const std::vector<std::string>& numbering, int offset, int count);
-// How many of `resource` a container asks for.
-int container_asks(const Resource& resource, const kube::PodRequest::Container& container);
+// A container's ask of a resource, and where its GPUs stand in its pod's assignment.
+struct AssignedPlace {
+  int asks = 0;    // device IDs of the resource; 0: it asks for none
+  int offset = 0;  // its first GPU in the assignment
+  int count = 0;   // its GPUs there
+};
+// Each of the pod's containers' place, in the pod's order: gpushare's pods have one GPU for all
+// their containers; slices are handed to containers in the pod's order, a GPU for each.
+std::vector<AssignedPlace> assigned_places(const Resource& resource, const kube::PodRequest& pod);
 
 // --- the agent's side -------------------------------------------------------------------------
 
