@@ -1,6 +1,7 @@
 // Pod and node objects as the API server and kube-scheduler send them, with their
 // annotations (tessera.io/assignment on pods, tessera.io/gpus on nodes): whatever the JSON,
 // reading it gives a checked object or a std::runtime_error, and what is accepted is in range.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -53,9 +54,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       broken("pod percentages");
     }
     if (pod.mig.size() > 16) broken("pod MIG profiles");
-    if (pod.gpushare_gib < 0 || (pod.gpushare_gib > 0 && pod.gpus != 1)) {
-      broken("a gpushare pod is not one GPU's GiB");
-    }
+    const bool gpushare =
+        std::any_of(pod.containers.begin(), pod.containers.end(),
+                    [](const auto& container) { return container.gpushare_gib > 0; });
+    if (gpushare && pod.gpus != 1) broken("a gpushare pod is not one GPU's GiB");
     for (const PodRequest::Container& container : pod.containers) {
       if (container.gpus < 0 || container.gpumem_mib < 0 || container.gpucores < 0 ||
           container.gpushare_gib < 0 || container.hami_priority < -1 ||

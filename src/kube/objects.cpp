@@ -173,13 +173,13 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
   request.gpumem_mib = limit(PodResource::gpu_memory_mib);
   request.gpumem_percent = static_cast<int>(limit(PodResource::gpu_memory_percent));
   request.gpucores = static_cast<int>(limit(PodResource::gpu_cores));
-  request.gpushare_gib = limit(PodResource::gpushare_memory);
+  const std::int64_t gpushare_gib = limit(PodResource::gpushare_memory);
   if (request.gpumem_percent > 100 || request.gpucores > 100) {
     throw std::runtime_error(fmt::format(
         "pod {}: {} and {} are percentages of one GPU (at most 100)", label,
         resource_name(PodResource::gpu_memory_percent), resource_name(PodResource::gpu_cores)));
   }
-  if (request.gpushare_gib > 0) {
+  if (gpushare_gib > 0) {
     // gpushare's pods ask for GiB of one GPU: a slice of one GPU with that memory.
     if (request.gpus > 0 || request.gpumem_mib > 0 || request.gpumem_percent > 0 ||
         request.gpucores > 0) {
@@ -189,7 +189,7 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
           label, resource_name(PodResource::gpushare_memory), resource_name(PodResource::gpus)));
     }
     request.gpus = 1;
-    request.gpumem_mib = request.gpushare_gib << 10;
+    request.gpumem_mib = gpushare_gib << 10;
   }
   for (const auto& container :
        container_at(pod, {"spec", "containers"}, true, "pod " + label, "spec.containers")) {

@@ -29,8 +29,7 @@ struct PodRequest {
   int gpumem_percent = 0;                           // nvidia.com/gpumem-percentage
   int gpucores = 0;                                 // nvidia.com/gpucores, percent of a GPU
   std::vector<std::string> use_types, nouse_types;  // nvidia.com/use-gputype, nouse-gputype
-  std::string policy;             // tessera.io/policy or HAMi's gpu-scheduler-policy
-  std::int64_t gpushare_gib = 0;  // aliyun.com/gpu-mem, summed: GiB of one GPU
+  std::string policy;  // tessera.io/policy or HAMi's gpu-scheduler-policy
   Priority priority_annotation = Priority::none;  // tessera.io/priority
   bool burst = false;                             // tessera.io/burst
   struct Container {
