@@ -12,6 +12,7 @@
 #include "fake_cluster.h"
 #include "kube/api_client.h"
 #include "kube/lease.h"
+#include "kube/objects.h"
 #include "kube/reflector.h"
 #include "support.h"
 
@@ -259,6 +260,19 @@ TEST(Lease, FollowingLeadsWhileTheHolderIsThisReplicaAndReportsAnUnreadableLease
   EXPECT_FALSE(reading.try_acquire_or_renew());
   ASSERT_EQ(said.size(), 1u);
   EXPECT_NE(said[0].find("leaseDurationSeconds is not an integer"), std::string::npos) << said[0];
+}
+
+// The extender frees a finished pod's GPUs and the node agent steers no device toward it: one
+// reading of the phase for both.
+TEST(KubeObjects, APodHasFinishedOnlyWhenItsPhaseSaysSucceededOrFailed) {
+  for (const char* phase : {"Succeeded", "Failed"}) {
+    EXPECT_TRUE(pod_finished(nlohmann::json{{"status", {{"phase", phase}}}})) << phase;
+  }
+  for (const char* phase : {"Pending", "Running", "Unknown", "succeeded"}) {
+    EXPECT_FALSE(pod_finished(nlohmann::json{{"status", {{"phase", phase}}}})) << phase;
+  }
+  EXPECT_FALSE(pod_finished(nlohmann::json{{"status", {{"phase", 3}}}})) << "not a string";
+  EXPECT_FALSE(pod_finished(nlohmann::json::array())) << "not an object";
 }
 
 }  // namespace

@@ -47,11 +47,6 @@ const nlohmann::json* field(const nlohmann::json& object, const std::string& nam
   return nullptr;
 }
 
-bool finished(const nlohmann::json& pod) {
-  const std::string phase = string_at(pod, "/status/phase"_json_pointer);
-  return phase == "Succeeded" || phase == "Failed";
-}
-
 std::string collection_path(Extender::Resource resource) {
   return resource == Extender::Resource::nodes ? contract::api::nodes() : contract::api::pods();
 }
@@ -171,7 +166,8 @@ void Extender::set_pending_locked(const std::string& uid, std::optional<PodReque
 }
 
 std::optional<PodRequest> Extender::pending_of(const nlohmann::json& pod) {
-  if (finished(pod) || !string_at(pod, "/spec/nodeName"_json_pointer).empty()) return std::nullopt;
+  if (kube::pod_finished(pod) || !string_at(pod, "/spec/nodeName"_json_pointer).empty())
+    return std::nullopt;
   try {
     return pod_from_json(pod);
   } catch (const std::exception&) {  // filter refuses it with the reason when it is asked
@@ -245,7 +241,7 @@ void Extender::set_hold_locked(const std::string& uid, std::optional<Hold> hold)
 }
 
 std::optional<Extender::Hold> Extender::hold_of(const nlohmann::json& pod, const std::string& uid) {
-  if (finished(pod)) return std::nullopt;  // its resources are free again
+  if (kube::pod_finished(pod)) return std::nullopt;  // its resources are free again
   // Only a bound pod holds anything: an assignment on a pod not bound (a bind that failed
   // half-way, or one still in flight elsewhere) holds nothing. This extender's own binds in
   // flight are held through own_binds_.
@@ -789,7 +785,7 @@ void Extender::apply_pod_event(std::string_view type, const nlohmann::json& obje
   if (type != "DELETED") hold = hold_of(object, uid);
   if (type != "DELETED" && !hold) waiting = pending_of(object);
   std::unique_lock<std::shared_mutex> writing(mutex_);
-  if (type == "DELETED" || finished(object)) {
+  if (type == "DELETED" || kube::pod_finished(object)) {
     own_binds_.erase(uid);
   } else if (!hold && own_binds_.contains(uid)) {
     return;  // not bound yet: this extender's bind holds its room

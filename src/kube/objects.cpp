@@ -270,6 +270,11 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
   return request;
 }
 
+bool pod_finished(const nlohmann::json& pod) {
+  const std::string phase = string_at(pod, "/status/phase"_json_pointer);
+  return phase == "Succeeded" || phase == "Failed";
+}
+
 Priority container_priority(const PodRequest& pod, const PodRequest::Container& container) {
   const Priority hami = container.hami_priority < 0    ? Priority::none
                         : container.hami_priority == 0 ? Priority::high

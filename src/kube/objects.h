@@ -50,6 +50,9 @@ struct PodRequest {
 // Throws std::runtime_error naming the pod and the field at fault.
 PodRequest pod_from_json(const nlohmann::json& pod);
 
+// Whether a pod has run to its end (phase Succeeded or Failed): its devices are free again.
+bool pod_finished(const nlohmann::json& pod);
+
 // A container's priority on its GPUs: the lower of its nvidia.com/priority (0 high, else low)
 // and the pod's tessera.io/priority; HAMi's default (low) where neither is given.
 Priority container_priority(const PodRequest& pod, const PodRequest::Container& container);

@@ -37,12 +37,6 @@ std::string id_list(const std::vector<std::string>& ids) {
   return fmt::format("{}", fmt::join(ids, ","));
 }
 
-bool terminal(const nlohmann::json& pod) {
-  const std::string phase = string_at(pod, "/status/phase"_json_pointer);
-  return phase == "Succeeded" || phase == "Failed" ||
-         kube::find_at(pod, {"metadata", "deletionTimestamp"}) != nullptr;
-}
-
 // The pod's tessera.io/assignment on this node, if it has a readable one.
 std::optional<kube::RecordedAssignment> assignment_here(const nlohmann::json& pod,
                                                         const std::string& node) {
@@ -499,7 +493,8 @@ std::vector<std::string> ContainerGrants::prefer(
     const nlohmann::json* items = kube::find_at(body, {"items"});
     for (const nlohmann::json& item :
          items != nullptr && items->is_array() ? *items : nlohmann::json()) {
-      if (terminal(item)) continue;
+      if (kube::pod_finished(item) || kube::find_at(item, {"metadata", "deletionTimestamp"}))
+        continue;  // not being admitted
       const std::optional<kube::RecordedAssignment> assignment = assignment_here(item, node_name_);
       if (!assignment) continue;
       kube::PodRequest pod;

@@ -72,9 +72,11 @@ std::optional<DeviceHolder> PodResourcesClient::holder_of(const std::string& res
       if (have == wanted) return DeviceHolder{pod.name_space, pod.name, container.name};
     }
   }
-  error = fmt::format("the kubelet names no container holding {} {}", resource,
-                      fmt::format("{}", ids.empty() ? std::string("(none)") : ids.front()) +
-                          (ids.size() > 1 ? fmt::format(" and {} more", ids.size() - 1) : ""));
+  const std::string named = ids.empty() ? std::string("(none)")
+                            : ids.size() == 1
+                                ? ids.front()
+                                : fmt::format("{} and {} more", ids.front(), ids.size() - 1);
+  error = fmt::format("the kubelet names no container holding {} {}", resource, named);
   return std::nullopt;
 }
 
