@@ -17,6 +17,11 @@
 
 namespace tessera::contract {
 
+// "devices/<key>.demand": a device's coordination file beside a ledger (coordination_path).
+inline std::string coordination_name(const DeviceKey& key) {
+  return std::string(kCoordinationDirectoryName) + "/" + key.text + kCoordinationSuffix;
+}
+
 class StateLayout {
  public:
   explicit StateLayout(std::string root) : root_(std::move(root)) {}
@@ -25,7 +30,7 @@ class StateLayout {
   std::string preload_file() const { return root_ + "/lib/ld.so.preload"; }
   std::string coordination_directory() const { return root_ + "/" + kCoordinationDirectoryName; }
   std::string coordination_file(const DeviceKey& key) const {
-    return coordination_directory() + "/" + key.text + kCoordinationSuffix;
+    return root_ + "/" + coordination_name(key);
   }
   std::string containers() const { return root_ + "/containers"; }
   std::string container(const std::string& id) const { return containers() + "/" + id; }
@@ -37,8 +42,7 @@ class StateLayout {
   }
   // Where a device's coordination file is mounted in a container's group directory.
   std::string coordination_mount_point(const std::string& id, const DeviceKey& key) const {
-    return group_directory(id) + "/" + kCoordinationDirectoryName + "/" + key.text +
-           kCoordinationSuffix;
+    return group_directory(id) + "/" + coordination_name(key);
   }
 
  private:
@@ -47,8 +51,7 @@ class StateLayout {
 
 // Inside a container: a device's coordination file.
 inline std::string container_coordination_file(const DeviceKey& key) {
-  return std::string(kContainerGroupDirectory) + "/" + kCoordinationDirectoryName + "/" + key.text +
-         kCoordinationSuffix;
+  return std::string(kContainerGroupDirectory) + "/" + coordination_name(key);
 }
 
 }  // namespace tessera::contract

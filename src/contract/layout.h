@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <string_view>
 
 #include "common/bounded_format.h"
 #include "common/error_text.h"
@@ -25,6 +26,9 @@ inline constexpr const char* kContainerHookPath = "/usr/local/lib/tessera/libtes
 inline constexpr const char* kContainerGroupDirectory = "/var/run/tessera";
 inline constexpr const char* kLedgerFileName = "group.ledger";
 inline constexpr const char* kContainerLedgerPath = "/var/run/tessera/group.ledger";
+static_assert(std::string_view(kContainerLedgerPath).starts_with(kContainerGroupDirectory) &&
+                  std::string_view(kContainerLedgerPath).ends_with(kLedgerFileName),
+              "the container's ledger is its group directory's ledger file");
 inline constexpr const char* kCoordinationDirectoryName = "devices";
 inline constexpr const char* kCoordinationSuffix = ".demand";
 
