@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "contract/annotations.h"
+#include "contract/host_layout.h"
 #include "contract/pod_resources.h"
 #include "fake_cluster.h"
 #include "kube/api_client.h"
@@ -612,6 +613,39 @@ TEST(Manifests, TheExtenderManagesEveryResourceItReadsAndKubeSchedulerIgnoresThe
   }
   EXPECT_EQ(profiles,
             (std::set<std::string>{contract::kSchedulerName, contract::kGpushareSchedulerName}));
+}
+
+// The node agent's DaemonSet mounts the kubelet's directories and the state directory from the
+// host at the paths the agent uses where not told otherwise (contract/host_layout.h); the state
+// directory at the same path inside, since the kubelet mounts its files into containers.
+TEST(Manifests, TheNodeAgentMountsTheHostPathsItUsesAtThoseSamePaths) {
+  const std::vector<YAML::Node> documents =
+      YAML::LoadAllFromFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/tessera-node.yaml");
+  const auto daemon_set = std::find_if(documents.begin(), documents.end(), [](const YAML::Node& d) {
+    return d["kind"].as<std::string>("") == "DaemonSet";
+  });
+  ASSERT_NE(daemon_set, documents.end());
+  const YAML::Node spec = (*daemon_set)["spec"]["template"]["spec"];
+  std::map<std::string, std::string> host_paths;  // volume -> host path
+  for (const YAML::Node& volume : spec["volumes"]) {
+    if (volume["hostPath"]) {
+      host_paths[volume["name"].as<std::string>()] = volume["hostPath"]["path"].as<std::string>();
+    }
+  }
+  std::map<std::string, std::string> mounted;  // path inside -> host path
+  const YAML::Node container = spec["containers"][0];
+  for (const YAML::Node& mount : container["volumeMounts"]) {
+    const auto host = host_paths.find(mount["name"].as<std::string>());
+    if (host != host_paths.end()) mounted[mount["mountPath"].as<std::string>()] = host->second;
+  }
+  for (const std::string& path :
+       {std::string(contract::kDefaultStateDirectory),
+        std::string(contract::kKubeletDevicePluginDirectory),
+        std::filesystem::path(contract::kKubeletPodResourcesSocket).parent_path().string()}) {
+    EXPECT_EQ(mounted[path], path) << "deploy/tessera-node.yaml: " << path;
+  }
+  const std::string state_dir = flag(container["command"], "--state-dir");
+  EXPECT_TRUE(state_dir.empty() || state_dir == contract::kDefaultStateDirectory) << state_dir;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "contract/host_layout.h"
 #include "node/nvml.h"
 
 namespace tessera::cli {
@@ -84,13 +85,13 @@ int scheduler_command(const SchedulerOptions& options);
 
 struct NodeOptions {
   std::string node_name;  // empty: NODE_NAME, else the host's name
-  std::string device_plugin_dir = "/var/lib/kubelet/device-plugins";
+  std::string device_plugin_dir = contract::kKubeletDevicePluginDirectory;
   std::string config_file;
   std::string config_dir;
   std::string config;  // the config to use when no node label names one
   std::string features_dir;
-  std::string state_dir = "/var/lib/tessera";
-  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::string state_dir = contract::kDefaultStateDirectory;
+  std::string pod_resources_socket = contract::kKubeletPodResourcesSocket;
   std::string metrics_listen;  // HOST:PORT; empty: no metrics
   std::string api_server;      // empty: in-cluster if in a pod, else none
   std::string token_file;

@@ -17,6 +17,14 @@
 
 namespace tessera::contract {
 
+// The node agent's state directory where none is given: a host path the kubelet mounts into
+// containers, so the agent's DaemonSet mounts it at the same path (deploy/tessera-node.yaml).
+inline constexpr const char* kDefaultStateDirectory = "/var/lib/tessera";
+// The kubelet's: where device plugins register and serve, and its pod-resources API.
+inline constexpr const char* kKubeletDevicePluginDirectory = "/var/lib/kubelet/device-plugins";
+inline constexpr const char* kKubeletPodResourcesSocket =
+    "/var/lib/kubelet/pod-resources/kubelet.sock";
+
 // "devices/<key>.demand": a device's coordination file beside a ledger (coordination_path).
 inline std::string coordination_name(const DeviceKey& key) {
   return std::string(kCoordinationDirectoryName) + "/" + key.text + kCoordinationSuffix;

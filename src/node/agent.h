@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "contract/host_layout.h"
 #include "kube/api_client.h"
 #include "node/allocation.h"
 #include "node/config.h"
@@ -38,15 +39,16 @@ namespace tessera::node {
 struct NodeAgentOptions {
   std::string node_name;
   std::string nvml_library = "libnvidia-ml.so.1";
-  std::string device_plugin_dir = "/var/lib/kubelet/device-plugins";
-  std::string config_file;                     // one config (named after --config, or "default")
-  std::string config_dir;                      // named configs, a file each (a mounted ConfigMap)
-  std::string config_name;                     // the config to use when no node label names one
-  std::string features_dir;                    // empty: no features file
-  std::string state_dir = "/var/lib/tessera";  // laid out as contract/host_layout.h says
-  std::string hook_library;  // installed into state_dir for containers with slices
+  std::string device_plugin_dir = contract::kKubeletDevicePluginDirectory;
+  std::string config_file;   // one config (named after --config, or "default")
+  std::string config_dir;    // named configs, a file each (a mounted ConfigMap)
+  std::string config_name;   // the config to use when no node label names one
+  std::string features_dir;  // empty: no features file
+  std::string state_dir =
+      contract::kDefaultStateDirectory;  // laid out as contract/host_layout.h says
+  std::string hook_library;              // installed into state_dir for containers with slices
   // The kubelet's pod-resources API: whose devices a container's are (container_grants.h).
-  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  std::string pod_resources_socket = contract::kKubeletPodResourcesSocket;
   std::string mps_control = "nvidia-cuda-mps-control";  // run for sharing.mps (PATH if no '/')
   std::string nvidia_smi = "nvidia-smi";  // run for flags.computeTimeslice (PATH if no '/')
   std::chrono::milliseconds mps_check_every{1000};
