@@ -1139,30 +1139,27 @@ TEST(NodeGrants, AnAssignmentsGpusAreFoundByUuidElseByTheSchedulersNumbering) {
 // A container's GPUs in its pod's assignment: slices follow the containers before it; gpushare's
 // containers all have the pod's one GPU.
 TEST(NodeGrants, AContainersPlaceInItsPodsAssignmentFollowsTheContainersBeforeIt) {
-  const kube::PodRequest pod = kube::pod_from_json(nlohmann::json::parse(
-      R"({"metadata": {"name": "p"}, "spec": {"containers": [
-          {"name": "a", "resources": {"limits": {"nvidia.com/gpu": 2}}},
-          {"name": "none"},
-          {"name": "b", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}})"));
-  Resource slices;
-  slices.kind = ResourceKind::slices;
-  const std::vector<AssignedPlace> places = assigned_places(slices, pod);
-  ASSERT_EQ(places.size(), 3u);
-  EXPECT_EQ((std::vector<int>{places[0].asks, places[0].offset, places[0].count}),
-            (std::vector<int>{2, 0, 2}));
-  EXPECT_EQ(places[1].asks, 0);
-  EXPECT_EQ((std::vector<int>{places[2].asks, places[2].offset, places[2].count}),
-            (std::vector<int>{1, 2, 1}));
-  const kube::PodRequest shared = kube::pod_from_json(nlohmann::json::parse(
-      R"({"metadata": {"name": "g"}, "spec": {"containers": [
-          {"name": "a", "resources": {"limits": {"aliyun.com/gpu-mem": 3}}},
-          {"name": "b", "resources": {"limits": {"aliyun.com/gpu-mem": 5}}}]}})"));
-  Resource gpushare;
-  gpushare.kind = ResourceKind::gpushare;
-  const std::vector<AssignedPlace> one_gpu = assigned_places(gpushare, shared);
-  ASSERT_EQ(one_gpu.size(), 2u);
-  EXPECT_EQ((std::vector<int>{one_gpu[1].asks, one_gpu[1].offset, one_gpu[1].count}),
-            (std::vector<int>{5, 0, 1}));
+  // Each container's {asks, offset, count} for a pod with these containers.
+  const auto places = [](ResourceKind kind, const std::string& containers) {
+    Resource resource;
+    resource.kind = kind;
+    const kube::PodRequest pod = kube::pod_from_json(nlohmann::json::parse(
+        R"({"metadata": {"name": "p"}, "spec": {"containers": )" + containers + "}}"));
+    std::vector<std::vector<int>> found;
+    for (const AssignedPlace& place : assigned_places(resource, pod)) {
+      found.push_back({place.asks, place.offset, place.count});
+    }
+    return found;
+  };
+  EXPECT_EQ(places(ResourceKind::slices,
+                   R"([{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 2}}},
+                       {"name": "none"},
+                       {"name": "b", "resources": {"limits": {"nvidia.com/gpu": 1}}}])"),
+            (std::vector<std::vector<int>>{{2, 0, 2}, {0, 2, 0}, {1, 2, 1}}));
+  EXPECT_EQ(places(ResourceKind::gpushare,
+                   R"([{"name": "a", "resources": {"limits": {"aliyun.com/gpu-mem": 3}}},
+                       {"name": "b", "resources": {"limits": {"aliyun.com/gpu-mem": 5}}}])"),
+            (std::vector<std::vector<int>>{{3, 0, 1}, {5, 0, 1}}));
 }
 
 }  // namespace
