@@ -1,9 +1,12 @@
-// Sizes and limits as users write them, and the errors for what they get wrong.
+// Sizes and limits as users write them, and the errors for what they get wrong; the checks of
+// invariants (on here whatever the build, to see them fire).
+#define TESSERA_DCHECKS 1
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
+#include "common/check.h"
 #include "common/handle_table.h"
 #include "common/limits.h"
 #include "common/units.h"
@@ -11,6 +14,13 @@
 
 namespace tessera {
 namespace {
+
+TEST(Check, ABrokenInvariantAbortsNamingItsConditionFileAndLine) {
+  const int two = std::atoi("2");  // not a constant the compiler could fold
+  TESSERA_DCHECK(two == 2);        // holds: nothing happens
+  EXPECT_DEATH(TESSERA_DCHECK(two == 3),
+               "tessera: invariant broken at .*common_test.cpp:[0-9]+: two == 3");
+}
 
 TEST(ParseSize, AcceptsTheUnitsPeopleWrite) {
   struct Case {

@@ -535,7 +535,7 @@ TEST(Ledger, ABoundWrittenOverWhileTheLocksOwnerIsDeadIsDamageNotACrash) {
   // A process that takes the group's lock and dies holding it.
   ASSERT_EQ(in_child([&] {
               auto* file = const_cast<LedgerFile*>(holder.file());
-              return pthread_mutex_lock(&file->accounts.lock) == 0;
+              return pthread_mutex_lock(&file->accounts.lock.native) == 0;
             }),
             0);
   overwrite(path, offsetof(LedgerFile, accounts) + offsetof(SharedAccounts, slot_bound), 0xff, 4);

@@ -11,9 +11,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "cli/commands.h"
 #include "cli/environment.h"
 #include "cuda_abi/nvml_abi.h"
@@ -24,12 +24,12 @@
 namespace tessera::cli {
 namespace {
 
-std::mutex log_mutex;
+base::Mutex log_mutex;  // one writer of stderr at a time
 
 // One line per message, whole: the agent's threads write concurrently. Never throws.
 void log_line(const std::string& text) {
   const std::string line = "tessera node: " + text + "\n";
-  std::lock_guard<std::mutex> locked(log_mutex);
+  base::MutexLock locked(log_mutex);
   std::fputs(line.c_str(), stderr);
 }
 

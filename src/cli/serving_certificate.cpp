@@ -104,7 +104,7 @@ std::shared_ptr<const ServingCertificate::Pair> ServingCertificate::load(std::st
 }
 
 std::shared_ptr<const ServingCertificate::Pair> ServingCertificate::current() {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   const Stamp certificate = stamp_of(certificate_file_), key = stamp_of(key_file_);
   if (certificate == certificate_stamp_ && key == key_stamp_) return serving_;
   certificate_stamp_ = certificate;

@@ -10,8 +10,9 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
+
+#include "base/mutex.h"
 
 namespace tessera::cli {
 
@@ -45,9 +46,10 @@ class ServingCertificate {
 
   const std::string certificate_file_, key_file_;
   const Reporter report_;
-  std::mutex mutex_;  // guards below
-  std::shared_ptr<const Pair> serving_;
-  Stamp certificate_stamp_, key_stamp_;  // of the files when last read, served or not
+  base::Mutex mutex_;  // handshakes on several threads ask for the pair at once
+  std::shared_ptr<const Pair> serving_ GUARDED_BY(mutex_);
+  // Of the files when last read, served or not.
+  Stamp certificate_stamp_ GUARDED_BY(mutex_), key_stamp_ GUARDED_BY(mutex_);
 };
 
 }  // namespace tessera::cli

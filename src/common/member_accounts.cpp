@@ -38,7 +38,8 @@ bool accounts_look_valid(const SharedAccounts& accounts, int& bad_slot) {
   return true;
 }
 
-bool MemberAccounts::lock() {
+// Its outcome is one the analysis cannot follow (common/shared_file.h).
+bool MemberAccounts::lock() NO_THREAD_SAFETY_ANALYSIS {
   if (damage_ != nullptr) return false;
   if (!robust_mutex_intact(&accounts_->lock)) {
     damage_ = "its lock was written over";

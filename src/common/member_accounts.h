@@ -23,6 +23,7 @@
 
 #include "common/error_text.h"
 #include "common/limits.h"
+#include "common/shared_file.h"
 
 namespace tessera {
 
@@ -35,7 +36,7 @@ struct MemberAccount {
 };
 
 struct SharedAccounts {
-  alignas(64) pthread_mutex_t lock;
+  alignas(64) RobustMutex lock;
   alignas(64) std::atomic<std::uint64_t> used[kMaxDevices];  // sum over live members
   std::atomic<std::uint64_t> peak[kMaxDevices];
   std::atomic<std::uint64_t> rejections[kMaxDevices];
@@ -103,11 +104,12 @@ class MemberAccounts {
 
  private:
   // False (the lock not held) if the accounts are damaged or the lock cannot be had.
-  [[nodiscard]] bool lock();
-  void unlock() { pthread_mutex_unlock(&accounts_->lock); }
-  bool sound_locked(int device);  // marks the damage when it finds some
+  [[nodiscard]] bool lock() TRY_ACQUIRE(true, accounts_->lock);
+  void unlock() RELEASE(accounts_->lock) { unlock_robust(&accounts_->lock); }
+  // Marks the damage when it finds some.
+  bool sound_locked(int device) REQUIRES(accounts_->lock);
   // lock() and sound_locked(device) (-1: no device's total); false with the lock not held.
-  [[nodiscard]] bool checked_lock(int device);
+  [[nodiscard]] bool checked_lock(int device) TRY_ACQUIRE(true, accounts_->lock);
   // The live members' slots, [0, slot_bound), never past the array (sound_locked calls a
   // larger bound damage; recovery from a dead owner runs before that check).
   int slots_locked() const {
@@ -117,9 +119,9 @@ class MemberAccounts {
   // Calls visit(slot, member) for each live member below the bound.
   template <typename Visit>
   void for_each_live_locked(Visit visit);
-  void reap_dead_locked();
-  void lower_slot_bound_locked();  // past the free slots at the top
-  void rebuild_totals_locked();
+  void reap_dead_locked() REQUIRES(accounts_->lock);
+  void lower_slot_bound_locked() REQUIRES(accounts_->lock);  // past the free slots at the top
+  void rebuild_totals_locked() REQUIRES(accounts_->lock);
 
   SharedAccounts* accounts_ = nullptr;
   int fd_ = -1;

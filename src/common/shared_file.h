@@ -14,6 +14,7 @@
 #include <cstddef>
 
 #include "common/error_text.h"
+#include "common/thread_annotations.h"
 
 namespace tessera {
 
@@ -42,10 +43,17 @@ bool map_shared_file(const char* path, std::size_t size, InitializeShared initia
 bool map_private_shared(const char* name, std::size_t size, InitializeShared initialize,
                         const void* context, SharedMapping& mapping, ErrorText& error);
 
-void initialize_robust_mutex(pthread_mutex_t* mutex);
+// A process-shared, robust mutex inside a shared file: a pthread mutex, laid out as one, that
+// the thread-safety analysis knows as a lock.
+struct CAPABILITY("mutex") RobustMutex {
+  pthread_mutex_t native;
+};
+static_assert(sizeof(RobustMutex) == sizeof(pthread_mutex_t));
+
+void initialize_robust_mutex(RobustMutex* mutex);
 // False if the mutex no longer has the type initialize_robust_mutex gave it: written over
 // by something else. Locking such a mutex can make glibc abort on an assertion.
-bool robust_mutex_intact(const pthread_mutex_t* mutex);
+bool robust_mutex_intact(const RobustMutex* mutex);
 
 enum class LockOutcome { acquired, previous_owner_died, timed_out, failed };
 
@@ -54,8 +62,13 @@ enum class LockOutcome { acquired, previous_owner_died, timed_out, failed };
 // timeout (milliseconds; negative: none) it gives up with timed_out: a live member holds
 // the lock (one that is stopped) or its lock word was written over. `failed`: any other
 // error (the lock not recoverable, or claimed by this very thread); the lock is not held.
-LockOutcome lock_robust(pthread_mutex_t* mutex, int timeout_ms = -1);
-void unlock_robust(pthread_mutex_t* mutex);
+// The analysis cannot follow an outcome: callers that must know it hold it through a function
+// annotated TRY_ACQUIRE (MemberAccounts::lock).
+LockOutcome lock_robust(RobustMutex* mutex, int timeout_ms = -1);
+// Locks, with no timeout, state that a dead owner leaves whole (every value written in one
+// store), so there is nothing to repair.
+void lock_robust_whole(RobustMutex* mutex) ACQUIRE(*mutex);
+void unlock_robust(RobustMutex* mutex) RELEASE(*mutex);
 
 // Until the mapping is closed, a SIGBUS from touching it (the file was truncated under
 // this process) replaces it with zeroes instead of killing the process, so the owner can

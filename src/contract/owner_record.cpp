@@ -9,6 +9,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "base/files.h"
 #include "kube/json_input.h"
 
 namespace tessera::contract {
@@ -82,22 +83,8 @@ OwnerRecord owner_record_from_json(const nlohmann::json& json) {
 }
 
 bool write_owner_record(const std::string& path, const OwnerRecord& record, std::string& error) {
-  const std::string temporary = path + ".new";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << kube::dump_outside_json(owner_record_json(record)) << "\n";
-    if (!out.flush()) {
-      error = fmt::format("cannot write {}", temporary);
-      return false;
-    }
-  }
-  std::error_code failed;
-  std::filesystem::rename(temporary, path, failed);
-  if (failed) {
-    error = fmt::format("cannot write {}: {}", path, failed.message());
-    return false;
-  }
-  return true;
+  return base::write_file_atomically(
+      path, kube::dump_outside_json(owner_record_json(record)) + "\n", error);
 }
 
 std::optional<OwnerRecord> read_owner_record(const std::string& path, std::string& error) {

@@ -334,19 +334,16 @@ bool Extender::parse_args(const std::string& body, Candidates& candidates, HttpR
       candidates.names.push_back(infos.back().spec.name);
       candidates.node_objects.push_back(node);
     }
-    auto changed = [&] {
-      return std::any_of(infos.begin(), infos.end(), [&](const NodeInfo& info) {
-        const auto known = nodes_.find(info.spec.name);
-        return known == nodes_.end() || !same_node(known->second, info);
-      });
-    };
     bool stale = false;
     {
-      std::shared_lock<std::shared_mutex> reading(mutex_);
-      stale = changed();
+      base::ReaderLock reading(mutex_);
+      for (const NodeInfo& info : infos) {
+        const auto known = nodes_.find(info.spec.name);
+        stale = stale || known == nodes_.end() || !same_node(known->second, info);
+      }
     }
     if (stale) {  // kube-scheduler knows nodes better than this extender's last look
-      std::unique_lock<std::shared_mutex> writing(mutex_);
+      base::WriterLock writing(mutex_);
       for (const NodeInfo& info : infos) nodes_[info.spec.name] = info;
       rebuild_locked();
     }
@@ -451,7 +448,7 @@ std::string Extender::metrics() {
   StateSize state;
   state.leading = !leading_ || leading_();
   {
-    std::shared_lock<std::shared_mutex> reading(mutex_);
+    base::ReaderLock reading(mutex_);
     state.nodes = nodes_.size();
     state.pods_held =
         static_cast<std::size_t>(std::count_if(holds_.begin(), holds_.end(), [](const auto& entry) {
@@ -471,7 +468,7 @@ HttpReply Extender::answer_filter(const std::string& body) {
   nlohmann::json passed_names = nlohmann::json::array();
   nlohmann::json passed_nodes = nlohmann::json::array();
   {
-    std::shared_lock<std::shared_mutex> reading(mutex_);
+    base::ReaderLock reading(mutex_);
     for (std::size_t i = 0; i < candidates.names.size(); ++i) {
       Request request;
       int index = -1;
@@ -503,7 +500,7 @@ HttpReply Extender::answer_prioritize(const std::string& body) {
   if (!parse_args(body, candidates, reply)) return reply;
   std::vector<std::pair<std::string, double>> scores;
   {
-    std::shared_lock<std::shared_mutex> reading(mutex_);
+    base::ReaderLock reading(mutex_);
     const Policy policy = policy_for(candidates.pod);
     for (const std::string& name : candidates.names) {
       Request request;
@@ -611,7 +608,7 @@ HttpReply Extender::answer_bind(const std::string& body) {
   std::vector<std::string> node_uuids;
   int gpu_milli = 0;
   {
-    std::unique_lock<std::shared_mutex> writing(mutex_);
+    base::WriterLock writing(mutex_);
     Request request;
     int index = -1;
     if (const auto stale = holds_.find(pod_uid); stale != holds_.end()) {
@@ -639,7 +636,7 @@ HttpReply Extender::answer_bind(const std::string& body) {
     measure_workload_if_moved_locked();
   }
   auto give_back = [&] {
-    std::unique_lock<std::shared_mutex> writing(mutex_);
+    base::WriterLock writing(mutex_);
     own_binds_.erase(pod_uid);
     if (const auto held = holds_.find(pod_uid); held != holds_.end()) {
       release_locked(held->second);
@@ -709,7 +706,7 @@ void Extender::replace_nodes(const nlohmann::json& items) {
                       failure.what()));
     }
   }
-  std::unique_lock<std::shared_mutex> writing(mutex_);
+  base::WriterLock writing(mutex_);
   nodes_ = std::move(node_infos);
   rebuild_locked();
 }
@@ -731,7 +728,7 @@ void Extender::replace_pods(const nlohmann::json& items) {
                       failure.what()));
     }
   }
-  std::unique_lock<std::shared_mutex> writing(mutex_);
+  base::WriterLock writing(mutex_);
   // A list may have been read before this extender's latest binds reached the API server:
   // those stay held a while, unless the list shows them already.
   const auto now = Clock::now();
@@ -761,7 +758,7 @@ void Extender::apply_node_event(std::string_view type, const nlohmann::json& obj
       say(fmt::format("watching nodes: {}; the node is not offered", error.what()));
     }
   }
-  std::unique_lock<std::shared_mutex> writing(mutex_);
+  base::WriterLock writing(mutex_);
   const auto known = nodes_.find(name);
   if (info && known != nodes_.end() && same_node(known->second, *info)) {
     return;  // a status update: nothing Tessera uses changed
@@ -784,7 +781,7 @@ void Extender::apply_pod_event(std::string_view type, const nlohmann::json& obje
   std::optional<PodRequest> waiting;
   if (type != "DELETED") hold = hold_of(object, uid);
   if (type != "DELETED" && !hold) waiting = pending_of(object);
-  std::unique_lock<std::shared_mutex> writing(mutex_);
+  base::WriterLock writing(mutex_);
   if (type == "DELETED" || kube::pod_finished(object)) {
     own_binds_.erase(uid);
   } else if (!hold && own_binds_.contains(uid)) {

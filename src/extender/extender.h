@@ -20,10 +20,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
-#include <shared_mutex>
 #include <string>
 #include <utility>
 
+#include "base/mutex.h"
 #include "extender/cluster_objects.h"
 #include "extender/metrics.h"
 #include "kube/api_client.h"
@@ -111,20 +111,20 @@ class Extender {
   // Parses ExtenderArgs; on failure fills reply with 400 and the reason.
   bool parse_args(const std::string& body, Candidates& candidates, HttpReply& reply);
   // The cluster model from nodes_, with every hold applied: after nodes change or a relist.
-  void rebuild_locked();
-  void apply_locked(Hold& hold);
-  void release_locked(Hold& hold);
-  void set_hold_locked(const std::string& uid, std::optional<Hold> hold);
+  void rebuild_locked() REQUIRES(mutex_);
+  void apply_locked(Hold& hold) REQUIRES(mutex_);
+  void release_locked(Hold& hold) REQUIRES(mutex_);
+  void set_hold_locked(const std::string& uid, std::optional<Hold> hold) REQUIRES(mutex_);
   // FGD's target workload is the pods held now and those waiting for a node: measured after a
   // rebuild, and again whenever their count has moved by a tenth (at least 8) since.
-  void measure_workload_locked();
-  void measure_workload_if_moved_locked();
+  void measure_workload_locked() REQUIRES(mutex_);
+  void measure_workload_if_moved_locked() REQUIRES(mutex_);
   // What a listed or watched pod waiting for a node asks for, if it can be read.
   static std::optional<PodRequest> pending_of(const nlohmann::json& pod);
-  void set_pending_locked(const std::string& uid, std::optional<PodRequest> pod);
+  void set_pending_locked(const std::string& uid, std::optional<PodRequest> pod) REQUIRES(mutex_);
   // Why the pod cannot go to node (empty if it can); fills request for it.
   std::string refusal_locked(const PodRequest& pod, const std::string& node, Request& request,
-                             int& index) const;
+                             int& index) const REQUIRES_SHARED(mutex_);
   Policy policy_for(const PodRequest& pod) const;
   void say(const std::string& problem) const;
 
@@ -136,17 +136,18 @@ class Extender {
   std::function<bool()> leading_;  // set before serving; empty: always leads
   ExtenderMetrics metrics_;
 
-  std::shared_mutex mutex_;  // guards all below
-  std::map<std::string, NodeInfo> nodes_;
-  std::map<std::string, Hold> holds_;  // by pod UID
+  base::SharedMutex mutex_;  // verbs read the cluster model; binds and watch events change it
+  std::map<std::string, NodeInfo> nodes_ GUARDED_BY(mutex_);
+  std::map<std::string, Hold> holds_ GUARDED_BY(mutex_);  // by pod UID
   // This extender's binds, by pod UID, and when: held across a list read before they landed.
-  std::map<std::string, std::chrono::steady_clock::time_point> own_binds_;
+  std::map<std::string, std::chrono::steady_clock::time_point> own_binds_ GUARDED_BY(mutex_);
   static constexpr std::chrono::seconds kOwnBindGrace{60};
-  std::unique_ptr<Cluster> cluster_;
-  std::map<std::string, int> index_;
-  std::mt19937_64 random_{42};
-  std::map<std::string, PodRequest> pending_;  // pods waiting for a node, by UID
-  std::size_t workload_pods_ = 0;  // holds and pending pods when the workload was last measured
+  std::unique_ptr<Cluster> cluster_ PT_GUARDED_BY(mutex_) GUARDED_BY(mutex_);
+  std::map<std::string, int> index_ GUARDED_BY(mutex_);
+  std::mt19937_64 random_ GUARDED_BY(mutex_){42};
+  std::map<std::string, PodRequest> pending_ GUARDED_BY(mutex_);  // pods waiting for a node, by UID
+  // Holds and pending pods when the workload was last measured.
+  std::size_t workload_pods_ GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace tessera::extender

@@ -30,6 +30,11 @@ TESSERA_NVML_HOOKED(TESSERA_DECLARE_WRAPPER)
 #undef TESSERA_DECLARE_WRAPPER
 
 namespace tessera::hook {
+
+constinit Mutex table_lock;
+constinit Mutex pool_lock;
+constinit Mutex coordination_lock;
+
 namespace {
 
 Immortal<Hook> storage;
@@ -144,10 +149,11 @@ const char* variant_name(const char* base, int version, cuuint64_t flags) {
 
 void after_fork_in_child() {
   Hook& state = storage.get();
-  pthread_mutex_init(&state.lock, nullptr);
-  pthread_mutex_init(&state.pool_lock, nullptr);
-  pthread_mutex_init(&state.coordination_lock, nullptr);
+  table_lock.reset_after_fork();
+  pool_lock.reset_after_fork();
+  coordination_lock.reset_after_fork();
   // The child owns no device memory: CUDA state does not survive fork.
+  TableLock locked;
   state.allocations.clear();
   state.arrays.clear();
   state.contexts.clear();
@@ -228,9 +234,6 @@ bool open_ledger(Hook& state, const DeviceLimits& limits) {
 
 void initialize() {
   Hook& state = storage.construct();
-  pthread_mutex_init(&state.lock, nullptr);
-  pthread_mutex_init(&state.pool_lock, nullptr);
-  pthread_mutex_init(&state.coordination_lock, nullptr);
 
   const char* driver_path = std::getenv("TESSERA_REAL_LIBCUDA");
   if (driver_path == nullptr || driver_path[0] == '\0') driver_path = "libcuda.so.1";
@@ -345,7 +348,8 @@ namespace {
 // Opens device's coordination file, writing its header anew in place first if something wrote
 // over it (every group using it then finds it whole). Under coordination_lock. Problems are said
 // once until the file is usable again.
-bool open_coordination(Hook& state, int device, DeviceCoordination& entry) {
+bool open_coordination(Hook& state, int device, DeviceCoordination& entry)
+    REQUIRES(coordination_lock) {
   CUuuid uuid{};
   ErrorText error;
   const auto get_uuid = state.real.cuDeviceGetUuid_v2 != nullptr ? state.real.cuDeviceGetUuid_v2
@@ -393,8 +397,8 @@ ledger::Demand* coordination(int device) {
   const int known = entry.state.load(std::memory_order_acquire);
   if (known == kOpen && entry.demand.intact()) return &entry.demand;
   const std::uint64_t now = monotonic_ns();
-  if (now < entry.retry_at_ns) return nullptr;
-  pthread_mutex_lock(&state.coordination_lock);
+  if (now < entry.retry_at_ns.load(std::memory_order_relaxed)) return nullptr;
+  MutexLock locked(coordination_lock);
   ledger::Demand* usable = nullptr;
   if (entry.state.load(std::memory_order_relaxed) != kOpen) {
     if (open_coordination(state, device, entry)) {
@@ -414,8 +418,8 @@ ledger::Demand* coordination(int device) {
     }
     entry.said = usable == nullptr;
   }
-  entry.retry_at_ns = usable != nullptr ? 0 : now + kCoordinationRetryNs;
-  pthread_mutex_unlock(&state.coordination_lock);
+  entry.retry_at_ns.store(usable != nullptr ? 0 : now + kCoordinationRetryNs,
+                          std::memory_order_relaxed);
   return usable;
 }
 

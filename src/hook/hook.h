@@ -15,6 +15,7 @@
 #include "common/error_text.h"
 #include "common/handle_table.h"
 #include "common/limits.h"
+#include "common/mutex.h"
 #include "common/priority.h"
 #include "contract/layout.h"
 #include "cuda_abi/cuda_abi.h"
@@ -66,16 +67,25 @@ struct VmmMapping {
   std::uint64_t size;
 };
 
+// The hook's locks, process-wide like the state they guard (a Hook is the process's one).
+// Where two are held, pool_lock is taken before table_lock (a pool operation reads and writes
+// the tables), and coordination_lock last (measuring a launch reads the coordination file).
+extern Mutex table_lock;  // the tables of what is charged: allocations, pools, VMM, contexts
+extern Mutex pool_lock ACQUIRED_BEFORE(table_lock);  // one pool operation at a time, so growth
+                                                     // is attributed to the call that caused it
+extern Mutex coordination_lock;                      // opens and repairs coordination files
+
 // A device's coordination file (ledger/demand.h), by the CUDA ordinal this process sees the
 // device as; opened at the first governed launch on it, since its key is the device's UUID.
 // Once open, its mapping is kept until the process ends: threads use it without a lock, and
 // damage is repaired in place.
 struct DeviceCoordination {
   std::atomic<int> state;  // kNotOpened, then kOpen for good
+  // Opened and repaired under coordination_lock; used without it once `state` says kOpen.
   ledger::Demand demand;
-  char path[512];
-  std::uint64_t retry_at_ns;  // unusable: when to try it again
-  bool said;                  // its problem was logged (once until it is usable again)
+  char path[512] GUARDED_BY(coordination_lock);
+  std::atomic<std::uint64_t> retry_at_ns;   // unusable: when to try it again (read unlocked)
+  bool said GUARDED_BY(coordination_lock);  // its problem was logged (once until usable again)
 };
 enum CoordinationState { kNotOpened = 0, kOpen = 1 };
 
@@ -88,20 +98,17 @@ struct Hook {
   ErrorText failure;  // why, if failed
   ledger::Ledger ledger;
 
-  pthread_mutex_t lock;  // guards the tables below
-  HandleTable<Charge> allocations;
-  HandleTable<Charge> arrays;
-  HandleTable<Charge> contexts;
-  HandleTable<PoolCharge> pools;
-  HandleTable<VmmCharge> vmm_handles;
-  HandleTable<VmmMapping> vmm_mappings;
+  HandleTable<Charge> allocations GUARDED_BY(table_lock);
+  HandleTable<Charge> arrays GUARDED_BY(table_lock);
+  HandleTable<Charge> contexts GUARDED_BY(table_lock);
+  HandleTable<PoolCharge> pools GUARDED_BY(table_lock);
+  HandleTable<VmmCharge> vmm_handles GUARDED_BY(table_lock);
+  HandleTable<VmmMapping> vmm_mappings GUARDED_BY(table_lock);
   struct {
     CUcontext context;
     int retains;
     std::uint64_t charged;
-  } primary[kMaxDevices];
-
-  pthread_mutex_t pool_lock;  // serialises pool operations so growth is attributed exactly
+  } primary[kMaxDevices] GUARDED_BY(table_lock);
 
   bool compute_limited;  // a compute share or a priority applies: launches are governed
   bool burst;            // the ledger's or the environment's word: use time no other group wants
@@ -110,8 +117,7 @@ struct Hook {
   // The file ledger's path (TESSERA_LEDGER or HAMi's cache), beside which the devices'
   // coordination files are (contract/layout.h); empty for a private ledger or none.
   char ledger_path[4096];
-  std::uint64_t group_identity;       // this group's, in coordination files
-  pthread_mutex_t coordination_lock;  // opens and repairs coordination files
+  std::uint64_t group_identity;  // this group's, in coordination files
   DeviceCoordination coordination[kMaxDevices];
 };
 
@@ -145,10 +151,11 @@ void* wrapper_by_name(const char* name);
 // driver would choose for symbol/version/flags), or the pointer itself if not interposed.
 void* wrapper_for(const char* symbol, void* real_function, int cuda_version, cuuint64_t flags);
 
-class TableLock {
+// Holds table_lock for its scope.
+class SCOPED_CAPABILITY TableLock {
  public:
-  TableLock() { pthread_mutex_lock(&hook().lock); }
-  ~TableLock() { pthread_mutex_unlock(&hook().lock); }
+  TableLock() ACQUIRE(table_lock) { table_lock.lock(); }
+  ~TableLock() RELEASE() { table_lock.unlock(); }
   TableLock(const TableLock&) = delete;
   TableLock& operator=(const TableLock&) = delete;
 };

@@ -27,6 +27,7 @@
 #include <new>
 #include <string_view>
 
+#include "common/check.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "hook/hook.h"
@@ -97,25 +98,30 @@ struct Pending {
 };
 constexpr std::uint64_t kNotClean = UINT64_MAX;
 
+// Guards what launches learn and measure. Taken before coordination_lock (measuring a launch
+// reads its device's coordination file), never while waiting for a launch's turn.
+constinit Mutex compute_lock ACQUIRED_BEFORE(coordination_lock);
+
 // A stream's governed launches still being measured, and events to reuse.
 struct Track {
-  Pending pending[kInFlight];
-  int head, count;
-  CUevent spare[2 * kInFlight];
-  int spares;
+  Pending pending[kInFlight] GUARDED_BY(compute_lock);
+  int head GUARDED_BY(compute_lock), count GUARDED_BY(compute_lock);
+  CUevent spare[2 * kInFlight] GUARDED_BY(compute_lock);
+  int spares GUARDED_BY(compute_lock);
 };
 
 struct ComputeState {
-  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-  HandleTable<Cost> costs;     // by launch key
-  HandleTable<Track*> tracks;  // by stream (or context, for the default stream)
+  HandleTable<Cost> costs GUARDED_BY(compute_lock);  // by launch key
+  HandleTable<Track*> tracks
+      GUARDED_BY(compute_lock);  // by stream (or context, for the default stream)
 };
 
 ComputeState* compute_state = nullptr;
 pthread_once_t compute_once = PTHREAD_ONCE_INIT;
 
 void reset_compute_after_fork() {  // the child has none of the parent's streams
-  pthread_mutex_init(&compute_state->lock, nullptr);
+  compute_lock.reset_after_fork();
+  MutexLock locked(compute_lock);
   compute_state->tracks.clear();
 }
 
@@ -130,7 +136,7 @@ ComputeState& compute() {
   return *compute_state;
 }
 
-Track* track_for_locked(CUstream stream) {
+Track* track_for(CUstream stream) REQUIRES(compute_lock) {
   CUcontext context = nullptr;
   hook().real.cuCtxGetCurrent(&context);
   const std::uint64_t key = stream != nullptr ? reinterpret_cast<std::uint64_t>(stream)
@@ -141,14 +147,14 @@ Track* track_for_locked(CUstream stream) {
   return track;
 }
 
-CUevent take_event_locked(Track& track) {
+CUevent take_event(Track& track) REQUIRES(compute_lock) {
   if (track.spares > 0) return track.spare[--track.spares];
   CUevent event = nullptr;
   return hook().real.cuEventCreate(&event, 0) == CUDA_SUCCESS ? event : nullptr;
 }
 
 // Measures finished launches (and, if `wait`, waits for the oldest first).
-void collect_locked(Track& track, bool wait) {
+void collect(Track& track, bool wait) REQUIRES(compute_lock) {
   Hook& state = hook();
   while (track.count > 0) {
     Pending& entry = track.pending[track.head];
@@ -179,7 +185,7 @@ void collect_locked(Track& track, bool wait) {
 }
 
 // The device time of the launches still being measured on the stream, at their prices.
-std::uint64_t in_flight_locked(const Track& track) {
+std::uint64_t in_flight(const Track& track) REQUIRES(compute_lock) {
   std::uint64_t total = 0;
   for (int i = 0; i < track.count; ++i) {
     const Cost* cost = compute().costs.find(track.pending[(track.head + i) % kInFlight].key);
@@ -296,24 +302,26 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   };
   const std::uint64_t backlog_allowed = high_about() ? low_queue_allowed(*demand) : UINT64_MAX;
   ComputeState& shared = compute();
-  pthread_mutex_lock(&shared.lock);
-  Track* track = track_for_locked(stream);
-  if (track == nullptr) {
-    pthread_mutex_unlock(&shared.lock);
-    return launch();
+  Track* track = nullptr;
+  Cost cost{};
+  {
+    MutexLock locked(compute_lock);
+    track = track_for(stream);
+    if (track != nullptr) {
+      collect(*track, track->count == kInFlight);
+      if (const Cost* known = shared.costs.find(key)) cost = *known;
+      // Work longer than the queue holds goes into a gap only once the stream's own is done.
+      const std::uint64_t estimate = cost.estimate();
+      while (backlog_allowed != UINT64_MAX && track->count > 0 &&
+             in_flight(*track) > (estimate > backlog_allowed ? 0 : backlog_allowed)) {
+        const int before = track->count;
+        collect(*track, true);
+        if (track->count == before) break;  // the event failed: the device will say why
+      }
+    }
   }
-  collect_locked(*track, track->count == kInFlight);
-  const Cost* known = shared.costs.find(key);
-  const Cost cost = known != nullptr ? *known : Cost{};
+  if (track == nullptr) return launch();
   const std::uint64_t estimate = cost.estimate();
-  // Work longer than the queue holds goes into a gap only once the stream's own is done.
-  while (backlog_allowed != UINT64_MAX && track->count > 0 &&
-         in_flight_locked(*track) > (estimate > backlog_allowed ? 0 : backlog_allowed)) {
-    const int before = track->count;
-    collect_locked(*track, true);
-    if (track->count == before) break;  // the event failed: the device will say why
-  }
-  pthread_mutex_unlock(&shared.lock);
 
   const std::uint64_t lead = state.priority == Priority::low ? low_lead(*demand) : kLeadNs;
   const std::uint64_t now = monotonic_ns();
@@ -346,17 +354,20 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   if (state.priority == Priority::high && demand != nullptr) {
     demand->add_high_work(launch_at, estimate > 0 ? estimate : kLeadNs, state.priority_tolerance);
   }
-  pthread_mutex_lock(&shared.lock);
-  CUevent before = take_event_locked(*track);
   // Whether a sample is clean matters only to low-priority groups: others read no clock and
   // no coordination file for it.
   const bool low = state.priority == Priority::low;
-  const std::uint64_t recording = low ? monotonic_ns() : 0;
-  if (before != nullptr && state.real.cuEventRecord(before, stream) != CUDA_SUCCESS) {
-    track->spare[track->spares++] = before;
-    before = nullptr;
+  CUevent before = nullptr;
+  std::uint64_t recording = 0;
+  {
+    MutexLock locked(compute_lock);
+    before = take_event(*track);
+    recording = low ? monotonic_ns() : 0;
+    if (before != nullptr && state.real.cuEventRecord(before, stream) != CUDA_SUCCESS) {
+      track->spare[track->spares++] = before;
+      before = nullptr;
+    }
   }
-  pthread_mutex_unlock(&shared.lock);
   std::uint64_t high_until = kNotClean;
   if (low) {
     const std::uint64_t launching = monotonic_ns();
@@ -365,9 +376,10 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   }
   const CUresult result = launch();
   const std::uint64_t host_span = low ? monotonic_ns() - recording : 0;
-  pthread_mutex_lock(&shared.lock);
-  CUevent after = before != nullptr && result == CUDA_SUCCESS ? take_event_locked(*track) : nullptr;
+  MutexLock locked(compute_lock);
+  CUevent after = before != nullptr && result == CUDA_SUCCESS ? take_event(*track) : nullptr;
   if (after != nullptr && state.real.cuEventRecord(after, stream) == CUDA_SUCCESS) {
+    TESSERA_DCHECK(track->count < kInFlight);  // collect() made room before the launch
     track->pending[(track->head + track->count) % kInFlight] =
         Pending{before, after, key, device, high_until, host_span};
     ++track->count;
@@ -377,12 +389,11 @@ CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch la
   }
   if (estimate == 0 &&
       result == CUDA_SUCCESS) {  // an unpriced kernel: learn its cost now, and charge it
-    collect_locked(*track, true);
+    collect(*track, true);
     const Cost* learned = shared.costs.find(key);
     if (learned != nullptr)
       state.ledger.pace(device, learned->estimate(), monotonic_ns(), lead, percent);
   }
-  pthread_mutex_unlock(&shared.lock);
   return result;
 }
 

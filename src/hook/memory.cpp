@@ -57,9 +57,13 @@ bool settle_charge(int device, std::uint64_t estimate, std::uint64_t actual) {
   return true;
 }
 
-void record(HandleTable<Charge>& table, std::uint64_t handle, const Charge& charge_record) {
+// One of the Hook's tables of charges, named by member: its entries are reached only under
+// table_lock, which these functions take.
+using ChargeTable = HandleTable<Charge> Hook::*;
+
+void record(ChargeTable table, std::uint64_t handle, const Charge& charge_record) {
   TableLock locked;
-  table.put(handle, charge_record);
+  (hook().*table).put(handle, charge_record);
 }
 
 CUresult allocate_linear(CUdeviceptr* dptr, std::uint64_t bytes, unsigned managed_flags,
@@ -76,7 +80,7 @@ CUresult allocate_linear(CUdeviceptr* dptr, std::uint64_t bytes, unsigned manage
                    : state.real.cuMemAlloc_v2(dptr, bytes);
   });
   if (result == CUDA_SUCCESS) {
-    record(state.allocations, *dptr, Charge{device, charged, current_context(), nullptr});
+    record(&Hook::allocations, *dptr, Charge{device, charged, current_context(), nullptr});
   }
   return result;
 }
@@ -97,7 +101,7 @@ bool pool_attribute(CUmemoryPool pool, int attribute, std::uint64_t& value) {
 // Brings a pool's charge in line with what it has reserved now. Growth we did not
 // pre-charge is charged if it fits; false if it did not. A pool whose reservation cannot be
 // read keeps its charge: a driver failure must never give memory back that the pool holds.
-bool refresh_pool_locked(CUmemoryPool pool, PoolCharge& record) {
+bool refresh_pool(CUmemoryPool pool, PoolCharge& record) REQUIRES(pool_lock) {
   std::uint64_t reserved = 0;
   if (!pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, reserved)) return true;
   if (reserved < record.charged) {
@@ -109,16 +113,13 @@ bool refresh_pool_locked(CUmemoryPool pool, PoolCharge& record) {
   return true;
 }
 
-void refresh_all_pools() {
+void refresh_all_pools() EXCLUDES(pool_lock, table_lock) {
   Hook& state = hook();
   if (!state.accounting) return;
-  pthread_mutex_lock(&state.pool_lock);
+  MutexLock pools_locked(pool_lock);
   {
     TableLock locked;
-    if (state.pools.size() == 0) {
-      pthread_mutex_unlock(&state.pool_lock);
-      return;
-    }
+    if (state.pools.size() == 0) return;
   }
   // In batches, each copied out under the table lock and refreshed outside it (the driver is
   // not called with the table locked). Pools are added and removed only under pool_lock,
@@ -140,7 +141,7 @@ void refresh_all_pools() {
       });
     }
     for (int i = 0; i < count; ++i) {
-      refresh_pool_locked(entries[i].pool, entries[i].record);
+      refresh_pool(entries[i].pool, entries[i].record);
       TableLock locked;
       if (PoolCharge* record = state.pools.find(reinterpret_cast<std::uint64_t>(entries[i].pool))) {
         record->charged = entries[i].record.charged;
@@ -148,7 +149,6 @@ void refresh_all_pools() {
     }
     if (count < kBatch) break;
   }
-  pthread_mutex_unlock(&state.pool_lock);
 }
 
 template <typename Allocate>
@@ -160,7 +160,7 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, CUmemoryPool
   if (pool == nullptr || dptr == nullptr || bytes == 0) return allocate();
   const auto key = reinterpret_cast<std::uint64_t>(pool);
 
-  pthread_mutex_lock(&state.pool_lock);
+  MutexLock pools_locked(pool_lock);
   PoolCharge record{};
   {
     TableLock locked;
@@ -170,7 +170,7 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, CUmemoryPool
       record.device = device;  // a pool serves the device it was made for: the current one
     }
   }
-  (void)refresh_pool_locked(pool, record);  // catch up with releases at sync points
+  (void)refresh_pool(pool, record);  // catch up with releases at sync points
   const std::uint64_t reserved = record.charged;
   // Unknown use: none of the reservation is taken to be idle, so the request is charged whole.
   std::uint64_t in_use = reserved;
@@ -181,7 +181,7 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, CUmemoryPool
   if (!allowed) {
     // Idle pool memory counts against the group; give it back and try once more.
     state.real.cuMemPoolTrimTo(pool, 0);
-    refresh_pool_locked(pool, record);
+    refresh_pool(pool, record);
     allowed = charge(record.device, growth);
   }
   CUresult result = CUDA_ERROR_OUT_OF_MEMORY;
@@ -190,11 +190,11 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, CUmemoryPool
     // no other member can take that room in between.
     record.charged += growth;
     result = allocate();
-    if (!refresh_pool_locked(pool, record) && result == CUDA_SUCCESS) {
+    if (!refresh_pool(pool, record) && result == CUDA_SUCCESS) {
       // The pool grew past the limit: undo the allocation and its growth.
       state.real.cuMemFreeAsync(*dptr, nullptr);
       state.real.cuMemPoolTrimTo(pool, 0);
-      refresh_pool_locked(pool, record);
+      refresh_pool(pool, record);
       result = CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
@@ -205,7 +205,6 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, CUmemoryPool
     if (result == CUDA_SUCCESS)
       state.allocations.put(*dptr, Charge{record.device, 0, nullptr, pool});
   }
-  pthread_mutex_unlock(&state.pool_lock);
   return result;
 }
 
@@ -213,7 +212,7 @@ CUresult allocate_from_pool(CUdeviceptr* dptr, std::uint64_t bytes, CUmemoryPool
 void settle_pool_after_free(CUmemoryPool pool) {
   Hook& state = hook();
   const auto key = reinterpret_cast<std::uint64_t>(pool);
-  pthread_mutex_lock(&state.pool_lock);
+  MutexLock pools_locked(pool_lock);
   PoolCharge record{};
   bool known = false;
   {
@@ -230,12 +229,11 @@ void settle_pool_after_free(CUmemoryPool pool) {
       TableLock locked;
       state.pools.take(key, record);
     } else {
-      if (!record.destroy_pending) refresh_pool_locked(pool, record);
+      if (!record.destroy_pending) refresh_pool(pool, record);
       TableLock locked;
       state.pools.put(key, record);
     }
   }
-  pthread_mutex_unlock(&state.pool_lock);
 }
 
 // Takes handle's record out of table, then lets the driver release the handle; if the
@@ -243,11 +241,11 @@ void settle_pool_after_free(CUmemoryPool pool) {
 // and is now gone. Taking the record first means an address the driver reuses at once
 // cannot be confused with the one being freed.
 template <typename Release>
-CUresult untrack(HandleTable<Charge>& table, std::uint64_t handle, Release release,
-                 Charge& released, bool& was_tracked) {
+CUresult untrack(ChargeTable table, std::uint64_t handle, Release release, Charge& released,
+                 bool& was_tracked) {
   {
     TableLock locked;
-    was_tracked = table.take(handle, released);
+    was_tracked = (hook().*table).take(handle, released);
   }
   const CUresult result = release();
   if (was_tracked && result != CUDA_SUCCESS) {
@@ -261,7 +259,7 @@ template <typename Free>
 CUresult free_tracked(CUdeviceptr dptr, Free free_call) {
   Charge released{};
   bool tracked = false;
-  const CUresult result = untrack(hook().allocations, dptr, free_call, released, tracked);
+  const CUresult result = untrack(&Hook::allocations, dptr, free_call, released, tracked);
   if (!tracked) return result;
   if (released.pool != nullptr) {
     settle_pool_after_free(released.pool);
@@ -302,7 +300,7 @@ CUresult create_array(std::uint64_t* handle, std::uint64_t estimate, Create crea
     destroy();
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  record(state.arrays, *handle, Charge{device, size, current_context(), nullptr});
+  record(&Hook::arrays, *handle, Charge{device, size, current_context(), nullptr});
   return CUDA_SUCCESS;
 }
 
@@ -310,7 +308,7 @@ template <typename Destroy>
 CUresult destroy_array(std::uint64_t handle, Destroy destroy) {
   Charge released{};
   bool tracked = false;
-  const CUresult result = untrack(hook().arrays, handle, destroy, released, tracked);
+  const CUresult result = untrack(&Hook::arrays, handle, destroy, released, tracked);
   if (tracked) uncharge(released.device, released.bytes);
   return result;
 }
@@ -318,7 +316,7 @@ CUresult destroy_array(std::uint64_t handle, Destroy destroy) {
 // --- VMM ---------------------------------------------------------------------------------
 
 // Frees a handle's charge once it is both released and unmapped, as the driver frees it.
-void settle_vmm_locked(CUmemGenericAllocationHandle handle, VmmCharge& record) {
+void settle_vmm(CUmemGenericAllocationHandle handle, VmmCharge& record) REQUIRES(table_lock) {
   if (!record.released || record.maps > 0) return;
   VmmCharge removed{};
   hook().vmm_handles.take(handle, removed);
@@ -411,7 +409,7 @@ CUresult create_tracked_context(CUcontext* pctx, CUdevice device, Create create)
   const CUresult result =
       create_context(device, charged, create, [&] { state.real.cuCtxDestroy_v2(*pctx); });
   if (result == CUDA_SUCCESS && pctx != nullptr) {
-    record(state.contexts, reinterpret_cast<std::uint64_t>(*pctx),
+    record(&Hook::contexts, reinterpret_cast<std::uint64_t>(*pctx),
            Charge{device, charged, *pctx, nullptr});
   }
   return result;
@@ -491,7 +489,7 @@ HOOK_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch, s
     state.real.cuMemFree_v2(*dptr);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  record(state.allocations, *dptr, Charge{device, actual, current_context(), nullptr});
+  record(&Hook::allocations, *dptr, Charge{device, actual, current_context(), nullptr});
   return CUDA_SUCCESS;
 }
 
@@ -563,7 +561,7 @@ HOOK_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   HOOK_ENTER();
   const CUresult result = state.real.cuMemPoolDestroy(pool);
   if (result != CUDA_SUCCESS || !state.accounting) return result;
-  pthread_mutex_lock(&state.pool_lock);
+  tessera::MutexLock pools_locked(pool_lock);
   {
     TableLock locked;
     const auto key = reinterpret_cast<std::uint64_t>(pool);
@@ -577,7 +575,6 @@ HOOK_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
       }
     }
   }
-  pthread_mutex_unlock(&state.pool_lock);
   return result;
 }
 
@@ -695,7 +692,7 @@ HOOK_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
       state.vmm_mappings.take(starts[i], mapping);
       if (VmmCharge* record = state.vmm_handles.find(mapping.handle)) {
         --record->maps;
-        settle_vmm_locked(mapping.handle, *record);
+        settle_vmm(mapping.handle, *record);
       }
     }
   } while (count == 64);
@@ -709,7 +706,7 @@ HOOK_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   TableLock locked;
   if (VmmCharge* record = state.vmm_handles.find(handle)) {
     record->released = true;  // mappings keep the memory alive until unmapped
-    settle_vmm_locked(handle, *record);
+    settle_vmm(handle, *record);
   }
   return result;
 }

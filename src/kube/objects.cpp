@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "base/strings.h"
 #include "contract/annotations.h"
 #include "contract/pod_resources.h"
 #include "kube/json_input.h"
@@ -12,22 +13,6 @@
 
 namespace tessera::kube {
 namespace {
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> items;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    item.erase(0, item.find_first_not_of(' '));
-    item.erase(item.find_last_not_of(' ') + 1);
-    if (!item.empty()) items.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return items;
-}
 
 // Sums a resource over the pod's containers, from limits (the GPU resources) or requests.
 // The sum is held to `most` too: a pod of many containers must not overflow it.
@@ -240,10 +225,12 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
   const nlohmann::json& annotations =
       container_at(pod, {"metadata", "annotations"}, false, "pod " + label, "metadata.annotations");
   if (annotations.contains(contract::kUseGpuTypeAnnotation)) {
-    request.use_types = split_list(text_of(annotations[contract::kUseGpuTypeAnnotation]));
+    request.use_types =
+        base::split_list(text_of(annotations[contract::kUseGpuTypeAnnotation]), ',');
   }
   if (annotations.contains(contract::kNoUseGpuTypeAnnotation)) {
-    request.nouse_types = split_list(text_of(annotations[contract::kNoUseGpuTypeAnnotation]));
+    request.nouse_types =
+        base::split_list(text_of(annotations[contract::kNoUseGpuTypeAnnotation]), ',');
   }
   if (annotations.contains(contract::kPolicyAnnotation)) {
     request.policy = text_of(annotations[contract::kPolicyAnnotation]);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "base/strings.h"
+
 namespace tessera::mig {
 namespace {
 
@@ -78,12 +80,6 @@ std::vector<GpuModel> make_catalog() {
   return catalog;
 }
 
-std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return text;
-}
-
 }  // namespace
 
 const Profile* GpuModel::profile_named(const std::string& name) const {
@@ -106,11 +102,11 @@ const std::vector<GpuModel>& builtin_catalog() {
 }
 
 const GpuModel* find_model(const std::string& name) {
-  const std::string wanted = lower(name);
+  const std::string wanted = base::lower(name);
   for (const GpuModel& model : builtin_catalog()) {
-    if (lower(model.key) == wanted) return &model;
+    if (base::lower(model.key) == wanted) return &model;
     for (const std::string& variant : model.names) {
-      if (lower(variant) == wanted) return &model;
+      if (base::lower(variant) == wanted) return &model;
     }
   }
   return nullptr;

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <set>
 
+#include "base/strings.h"
 #include "common/text.h"
 
 namespace tessera::mig {
@@ -40,17 +41,6 @@ std::string field_error(const std::string& text, const char* suffix) {
     return fmt::format("malformed number in '%d{}'", suffix);
   }
   return {};
-}
-
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  for (;;) {
-    const std::size_t at = text.find(separator, start);
-    parts.push_back(text.substr(start, at == std::string::npos ? std::string::npos : at - start));
-    if (at == std::string::npos) return parts;
-    start = at + 1;
-  }
 }
 
 std::uint32_t device_id(const std::string& text, const std::string& origin,
@@ -175,7 +165,7 @@ std::string profile_format_error(const std::string& profile) {
   const std::string fields = profile.substr(0, plus);
   if (plus != std::string::npos) {
     std::set<std::string> unique;
-    for (const std::string& attribute : split(profile.substr(plus + 1), ',')) {
+    for (const std::string& attribute : base::split(profile.substr(plus + 1), ',')) {
       if (attribute.empty())
         return "error parsing attributes following '+' in MigProfile string: empty attribute in "
                "list";
@@ -194,7 +184,7 @@ std::string profile_format_error(const std::string& profile) {
       }
     }
   }
-  const std::vector<std::string> parts = split(fields, '.');
+  const std::vector<std::string> parts = base::split(fields, '.');
   std::string error;
   if (parts.size() == 3) {
     for (const auto& [part, suffix] :

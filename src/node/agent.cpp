@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/files.h"
 #include "contract/annotations.h"
 #include "contract/api_paths.h"
 #include "contract/gpu_numbering.h"
@@ -36,58 +37,6 @@ constexpr auto kConfigPoll = std::chrono::seconds(2);  // a missed file event is
 constexpr auto kRegistrationRetry = std::chrono::seconds(1);
 constexpr auto kCollectEvery = std::chrono::seconds(60);  // ledgers of pods gone
 constexpr auto kPublishRetry = std::chrono::seconds(5);
-
-// Watches a directory for `mask`; -1 if inotify is unavailable (the caller polls instead).
-int watch_directory(const std::string& directory, std::uint32_t mask) {
-  const int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-  if (fd < 0) return -1;
-  if (inotify_add_watch(fd, directory.c_str(), mask) < 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Waits up to `timeout` for events on fd and returns the names they concern.
-std::vector<std::string> wait_for_events(int fd, std::chrono::milliseconds timeout) {
-  std::vector<std::string> names;
-  if (fd < 0) {
-    std::this_thread::sleep_for(timeout);
-    return names;
-  }
-  pollfd ready{fd, POLLIN, 0};
-  if (poll(&ready, 1, static_cast<int>(timeout.count())) <= 0) return names;
-  alignas(inotify_event) char buffer[16384];
-  for (;;) {
-    const ssize_t length = read(fd, buffer, sizeof buffer);
-    if (length <= 0) break;
-    for (ssize_t at = 0; at < length;) {
-      const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
-      names.emplace_back(event->len > 0 ? event->name : "");
-      at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
-    }
-  }
-  return names;
-}
-
-// Writes `source` to `target` through a new file renamed into place: a library in use by
-// running containers keeps its old inode.
-void install_file(const std::string& source, const std::string& target) {
-  std::error_code error;
-  if (fs::exists(target, error) && fs::equivalent(source, target, error)) return;
-  const std::string temporary = target + ".new";
-  fs::copy_file(source, temporary, fs::copy_options::overwrite_existing, error);
-  if (error)
-    throw std::runtime_error(
-        fmt::format("cannot copy {} to {}: {}", source, temporary, error.message()));
-  fs::permissions(temporary,
-                  fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                      fs::perms::others_read | fs::perms::others_exec,
-                  error);
-  fs::rename(temporary, target, error);
-  if (error)
-    throw std::runtime_error(fmt::format("cannot install {}: {}", target, error.message()));
-}
 
 // What the config source holds, to tell an edit from a spurious file event.
 std::string fingerprint(const std::string& directory, const std::string& file) {
@@ -135,17 +84,17 @@ void NodeAgent::say(const std::string& text) const {
 }
 
 std::shared_ptr<const NodeAgent::Served> NodeAgent::served() const {
-  std::lock_guard<std::mutex> locked(state_mutex_);
+  base::MutexLock locked(state_mutex_);
   return served_;
 }
 
 std::uint64_t NodeAgent::config_generation() const {
-  std::lock_guard<std::mutex> locked(state_mutex_);
+  base::MutexLock locked(state_mutex_);
   return generation_;
 }
 
 std::string NodeAgent::config_error() const {
-  std::lock_guard<std::mutex> locked(state_mutex_);
+  base::MutexLock locked(state_mutex_);
   return config_error_;
 }
 
@@ -180,13 +129,17 @@ void NodeAgent::start() {
                                               std::move(kubelet),
                                               [this](const std::string& text) { say(text); });
   grants_->prepare(inventory_);
-  if (!options_.hook_library.empty()) install_file(options_.hook_library, layout.hook_library());
+  if (!options_.hook_library.empty())
+    base::install_file(options_.hook_library, layout.hook_library());
 
+  // No other thread runs yet; the locks are taken for the rules they state.
+  base::MutexLock reloading(reload_mutex_);
+  std::string label;
   if (options_.api != nullptr) {
     const kube::ApiResponse node = options_.api->get(contract::api::node(options_.node_name));
     if (node.status == 200) {
       try {
-        node_label_ = node_label_of(kube::parse_outside_json(node.body));
+        label = node_label_of(kube::parse_outside_json(node.body));
       } catch (const std::exception& failure) {
         say(fmt::format("node {} cannot be read: {}", options_.node_name, failure.what()));
       }
@@ -205,7 +158,11 @@ void NodeAgent::start() {
 
   // The first config must be good: there is nothing older to keep serving.
   const ConfigSet set = read_configs();
-  PluginConfig config = choose_config(set, {node_label_, options_.config_name});
+  PluginConfig config = choose_config(set, {label, options_.config_name});
+  {
+    base::MutexLock locked(state_mutex_);
+    node_label_ = label;
+  }
   for (const std::string& field : config.ignored)
     say(fmt::format("{}: {} is accepted and not acted on", config.origin, field));
   auto first = std::make_shared<Served>(Served{config, build_resource_map(inventory_, config)});
@@ -223,17 +180,20 @@ void NodeAgent::stop() {
   publish_wanted_.notify_all();
   for (std::thread& thread : threads_) thread.join();
   threads_.clear();
-  monitor_.reset();
-  mps_.reset();  // its daemons are told to quit
-  std::lock_guard<std::mutex> locked(servers_mutex_);
+  {
+    base::MutexLock reloading(reload_mutex_);
+    monitor_.reset();
+    mps_.reset();  // its daemons are told to quit
+  }
+  base::MutexLock locked(servers_mutex_);
   servers_.clear();  // each stops and removes its socket
 }
 
 bool NodeAgent::reload() {
-  std::lock_guard<std::mutex> reloading(reload_mutex_);
+  base::MutexLock reloading(reload_mutex_);
   std::string label;
   {
-    std::lock_guard<std::mutex> locked(state_mutex_);
+    base::MutexLock locked(state_mutex_);
     label = node_label_;
   }
   try {
@@ -242,7 +202,7 @@ bool NodeAgent::reload() {
     auto next = std::make_shared<Served>(Served{config, build_resource_map(inventory_, config)});
     const auto current = served();
     {
-      std::lock_guard<std::mutex> locked(state_mutex_);
+      base::MutexLock locked(state_mutex_);
       config_error_.clear();
     }
     bool same = current != nullptr && current->config.name == config.name &&
@@ -261,7 +221,7 @@ bool NodeAgent::reload() {
     return true;
   } catch (const std::exception& refused) {
     {
-      std::lock_guard<std::mutex> locked(state_mutex_);
+      base::MutexLock locked(state_mutex_);
       config_error_ = refused.what();
       ++reload_errors_;
     }
@@ -282,7 +242,7 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
     }
   }
   {
-    std::lock_guard<std::mutex> locked(state_mutex_);
+    base::MutexLock locked(state_mutex_);
     served_ = next;
     ++generation_;
   }
@@ -311,7 +271,7 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
   }
   std::set<std::string> wanted;
   for (const Resource& resource : next->map.resources) wanted.insert(resource.name);
-  std::lock_guard<std::mutex> locked(servers_mutex_);
+  base::MutexLock locked(servers_mutex_);
   for (auto it = servers_.begin(); it != servers_.end();) {
     if (wanted.count(it->first) == 0) {
       say(fmt::format("{} is no longer served", it->first));
@@ -424,7 +384,7 @@ void NodeAgent::restart_health(const PluginConfig& config) {
 }
 
 void NodeAgent::register_all(bool restart_servers) {
-  std::lock_guard<std::mutex> locked(servers_mutex_);
+  base::MutexLock locked(servers_mutex_);
   if (restart_servers) unregistered_.clear();
   for (auto& [name, server] : servers_) {
     if (!restart_servers &&
@@ -450,8 +410,8 @@ void NodeAgent::register_all(bool restart_servers) {
 }
 
 void NodeAgent::watch_kubelet() {
-  const int fd = watch_directory(options_.device_plugin_dir, IN_CREATE | IN_MOVED_TO);
-  if (fd < 0)
+  base::DirectoryWatch events(options_.device_plugin_dir, IN_CREATE | IN_MOVED_TO);
+  if (!events.watching())
     say(fmt::format("cannot watch {}; a kubelet restart is noticed by polling",
                     options_.device_plugin_dir));
   auto socket_inode = [this] {
@@ -463,7 +423,7 @@ void NodeAgent::watch_kubelet() {
   ino_t known = socket_inode();
   auto last_retry = Clock::now();
   while (!stopping_) {
-    const std::vector<std::string> names = wait_for_events(fd, std::chrono::milliseconds(100));
+    const std::vector<std::string> names = events.wait(std::chrono::milliseconds(100));
     const bool recreated = std::find(names.begin(), names.end(), kKubeletSocket) != names.end() ||
                            (socket_inode() != known && socket_inode() != 0);
     if (recreated) {
@@ -475,7 +435,7 @@ void NodeAgent::watch_kubelet() {
     }
     bool pending = false;
     {
-      std::lock_guard<std::mutex> locked(servers_mutex_);
+      base::MutexLock locked(servers_mutex_);
       pending = !unregistered_.empty();
     }
     if (pending && Clock::now() - last_retry >= kRegistrationRetry) {
@@ -483,7 +443,6 @@ void NodeAgent::watch_kubelet() {
       last_retry = Clock::now();
     }
   }
-  if (fd >= 0) close(fd);
 }
 
 void NodeAgent::watch_config() {
@@ -493,12 +452,12 @@ void NodeAgent::watch_config() {
     if (directory.empty()) directory = ".";
   }
   if (directory.empty()) return;  // the built-in default: nothing to watch
-  const int fd = watch_directory(
+  base::DirectoryWatch events(
       directory, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_ATTRIB);
   std::string seen = fingerprint(options_.config_dir, options_.config_file);
   auto last_poll = Clock::now();
   while (!stopping_) {
-    const std::vector<std::string> names = wait_for_events(fd, std::chrono::milliseconds(200));
+    const std::vector<std::string> names = events.wait(std::chrono::milliseconds(200));
     if (names.empty() && Clock::now() - last_poll < kConfigPoll) continue;
     last_poll = Clock::now();
     std::string now = fingerprint(options_.config_dir, options_.config_file);
@@ -506,7 +465,6 @@ void NodeAgent::watch_config() {
     seen = std::move(now);
     reload();
   }
-  if (fd >= 0) close(fd);
 }
 
 void NodeAgent::watch_node() {
@@ -515,7 +473,7 @@ void NodeAgent::watch_node() {
     const std::string label = node.is_null() ? std::string() : node_label_of(node);
     bool changed = false;
     {
-      std::lock_guard<std::mutex> locked(state_mutex_);
+      base::MutexLock locked(state_mutex_);
       changed = label != node_label_;
       node_label_ = label;
     }
@@ -540,7 +498,7 @@ void NodeAgent::watch_node() {
 
 void NodeAgent::request_publish() {
   {
-    std::lock_guard<std::mutex> locked(publish_mutex_);
+    base::MutexLock locked(publish_mutex_);
     publish_pending_ = true;
   }
   publish_wanted_.notify_all();
@@ -553,9 +511,11 @@ void NodeAgent::publish_loop() {
   while (!stopping_) {
     bool due = false;
     {
-      std::unique_lock<std::mutex> locked(publish_mutex_);
-      publish_wanted_.wait_for(locked, kPublishRetry,
-                               [this] { return publish_pending_ || stopping_.load(); });
+      const auto deadline = Clock::now() + kPublishRetry;
+      base::MutexLock locked(publish_mutex_);
+      while (!publish_pending_ && !stopping_ &&
+             publish_wanted_.wait_until(publish_mutex_, deadline)) {
+      }
       if (stopping_) return;
       due = publish_pending_ || Clock::now() - last_collect >= kCollectEvery;
       publish_pending_ = false;
@@ -567,7 +527,7 @@ void NodeAgent::publish_loop() {
     std::string error;
     std::uint64_t generation = 0;
     {
-      std::lock_guard<std::mutex> locked(state_mutex_);
+      base::MutexLock locked(state_mutex_);
       error = config_error_;
       generation = generation_;
     }
@@ -633,8 +593,10 @@ void NodeAgent::publish_loop() {
       }
     }
     if (failed) {  // tried again after kPublishRetry
-      std::unique_lock<std::mutex> locked(publish_mutex_);
-      publish_wanted_.wait_for(locked, kPublishRetry, [this] { return stopping_.load(); });
+      const auto deadline = Clock::now() + kPublishRetry;
+      base::MutexLock locked(publish_mutex_);
+      while (!stopping_ && publish_wanted_.wait_until(publish_mutex_, deadline)) {
+      }
       publish_pending_ = true;
     }
   }
@@ -653,7 +615,7 @@ std::string NodeAgent::metrics() {
   status.xids = health_.events();
   const auto state = served();
   {
-    std::lock_guard<std::mutex> locked(servers_mutex_);
+    base::MutexLock locked(servers_mutex_);
     for (const auto& [name, server] : servers_) {
       AgentStatus::Served& entry = status.resources[name];
       entry.allocations = server->allocations();
@@ -667,7 +629,7 @@ std::string NodeAgent::metrics() {
       entry.healthy += health_.healthy(device.gpu);
   }
   {
-    std::lock_guard<std::mutex> locked(state_mutex_);
+    base::MutexLock locked(state_mutex_);
     status.config_generation = generation_;
     status.reload_errors = reload_errors_;
     status.config_refused = !config_error_.empty();

@@ -12,15 +12,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "contract/host_layout.h"
 #include "kube/api_client.h"
 #include "node/allocation.h"
@@ -88,12 +87,12 @@ class NodeAgent {
     PluginConfig config;
     ResourceMap map;
   };
-  std::shared_ptr<const Served> served() const;
-  void apply(std::shared_ptr<const Served> next);
+  std::shared_ptr<const Served> served() const EXCLUDES(state_mutex_);
+  void apply(std::shared_ptr<const Served> next) REQUIRES(reload_mutex_) EXCLUDES(servers_mutex_);
   std::unique_ptr<DevicePluginServer> make_server(const std::string& resource);
   ConfigSet read_configs() const;
-  void restart_health(const PluginConfig& config);
-  void register_all(bool restart_servers);
+  void restart_health(const PluginConfig& config) REQUIRES(reload_mutex_);
+  void register_all(bool restart_servers) EXCLUDES(servers_mutex_);
   void watch_kubelet();
   void watch_config();
   void watch_node();
@@ -109,27 +108,33 @@ class NodeAgent {
   HealthBoard health_;
   ChangeSignal changes_;
   std::unique_ptr<ContainerGrants> grants_;
-  std::unique_ptr<HealthMonitor> monitor_;
-  std::unique_ptr<MpsSupervisor> mps_;
-  int applied_timeslice_ = -1;  // the time slice last set on the GPUs; -1: never
-  HealthSettings monitor_settings_;
   MetricsRenderer metrics_renderer_;
 
-  mutable std::mutex state_mutex_;  // guards served_, node_label_, config_error_, counters
-  std::shared_ptr<const Served> served_;
-  std::string node_label_;
-  std::string config_error_;
-  std::uint64_t generation_ = 0, reload_errors_ = 0;
+  // One reload at a time: it owns what applying a config changes beside the served state.
+  // Taken before the locks below when both are held.
+  base::Mutex reload_mutex_;
+  std::unique_ptr<HealthMonitor> monitor_ GUARDED_BY(reload_mutex_);
+  std::unique_ptr<MpsSupervisor> mps_ GUARDED_BY(reload_mutex_);
+  // The time slice last set on the GPUs; -1: never.
+  int applied_timeslice_ GUARDED_BY(reload_mutex_) = -1;
+  HealthSettings monitor_settings_ GUARDED_BY(reload_mutex_);
 
-  std::mutex reload_mutex_;   // one reload at a time
-  std::mutex servers_mutex_;  // guards servers_ and unregistered_
-  std::map<std::string, std::unique_ptr<DevicePluginServer>> servers_;
-  std::vector<std::string> unregistered_;  // resources the kubelet has not taken yet
+  mutable base::Mutex state_mutex_ ACQUIRED_AFTER(reload_mutex_);
+  std::shared_ptr<const Served> served_ GUARDED_BY(state_mutex_);
+  std::string node_label_ GUARDED_BY(state_mutex_);
+  std::string config_error_ GUARDED_BY(state_mutex_);
+  std::uint64_t generation_ GUARDED_BY(state_mutex_) = 0;
+  std::uint64_t reload_errors_ GUARDED_BY(state_mutex_) = 0;
+
+  base::Mutex servers_mutex_ ACQUIRED_AFTER(reload_mutex_);
+  std::map<std::string, std::unique_ptr<DevicePluginServer>> servers_ GUARDED_BY(servers_mutex_);
+  // Resources the kubelet has not taken yet.
+  std::vector<std::string> unregistered_ GUARDED_BY(servers_mutex_);
 
   std::atomic<bool> stopping_{false};
-  std::mutex publish_mutex_;
-  std::condition_variable publish_wanted_;
-  bool publish_pending_ = false;
+  base::Mutex publish_mutex_;
+  base::CondVar publish_wanted_;
+  bool publish_pending_ GUARDED_BY(publish_mutex_) = false;
   std::vector<std::thread> threads_;
   std::map<std::string, std::string> published_labels_;  // publisher thread only
 };

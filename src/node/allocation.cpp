@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "base/strings.h"
 #include "contract/variables.h"
 
 namespace tessera::node {
@@ -16,12 +17,6 @@ namespace {
 // Where NVIDIA's volume-mounts strategy lists devices, one empty file per device.
 constexpr const char* kVolumeMountRoot = "/var/run/nvidia-container-devices";
 constexpr const char* kCdiKind = "k8s.device-plugin.nvidia.com/gpu";
-
-std::string join(const std::vector<std::string>& items, const char* separator) {
-  std::string text;
-  for (const std::string& item : items) text += (text.empty() ? "" : separator) + item;
-  return text;
-}
 
 bool exists(const std::string& path) {
   struct stat info {};
@@ -232,7 +227,7 @@ ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfi
     }
   }
   const DeviceListStrategies& strategies = config.flags.device_list;
-  if (strategies.envvar) allocation.envs[contract::kVisibleDevicesVariable] = join(ids, ",");
+  if (strategies.envvar) allocation.envs[contract::kVisibleDevicesVariable] = base::join(ids, ",");
   if (strategies.volume_mounts) {
     allocation.envs[contract::kVisibleDevicesVariable] = kVolumeMountRoot;
     for (const std::string& id : ids) {
@@ -244,7 +239,7 @@ ContainerAllocation expose_devices(const Inventory& inventory, const PluginConfi
   if (strategies.cdi_annotations) {
     allocation
         .annotations[config.flags.cdi_annotation_prefix + "nvidia-device-plugin_" + response_id] =
-        join(qualified, ",");
+        base::join(qualified, ",");
   }
   if (strategies.cdi_cri) allocation.cdi_devices = qualified;
   if (config.flags.pass_device_specs) allocation.devices = device_nodes(inventory, config, devices);

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/strings.h"
 #include "common/text.h"
 #include "common/units.h"
 #include "contract/annotations.h"
@@ -82,7 +83,7 @@ class Reader {
     if (!node.IsScalar() || node.Tag() != "?" || !looks_boolean(node.Scalar())) {
       fail(path, fmt::format("must be true or false, not {}", shown(node)));
     }
-    const std::string value = lower(node.Scalar());
+    const std::string value = base::lower(node.Scalar());
     return value == "true" || value == "yes" || value == "on" || value == "y";
   }
 
@@ -131,15 +132,10 @@ class Reader {
     if (node.IsNull()) return "nothing";
     return "'" + node.Scalar().substr(0, 200) + "'";
   }
-  static std::string lower(std::string text) {
-    std::transform(text.begin(), text.end(), text.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return text;
-  }
   static bool looks_boolean(const std::string& text) {
     static const std::set<std::string> words = {"true", "false", "yes", "no",
                                                 "on",   "off",   "y",   "n"};
-    return words.count(lower(text)) > 0;
+    return words.count(base::lower(text)) > 0;
   }
   static bool parse_integer(const std::string& text, std::int64_t& value) {
     const char* begin = text.data();
@@ -579,9 +575,7 @@ void read_health(Reader& reader, const YAML::Node& node, PluginConfig& config) {
   }
   if (const YAML::Node critical = node["criticalXIDs"]; !reader.is_absent(critical)) {
     if (critical.IsScalar()) {
-      std::string text = critical.Scalar();
-      std::transform(text.begin(), text.end(), text.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      const std::string text = base::lower(critical.Scalar());
       if (text != "all") {
         reader.fail("health.criticalXIDs",
                     fmt::format("invalid string value for criticalXIDs: {}", text.substr(0, 200)));

@@ -6,18 +6,14 @@
 #include <cctype>
 #include <charconv>
 
+#include "base/strings.h"
+
 namespace tessera::node {
 namespace {
 
 using abi::nvmlEventTypeDoubleBitEccError;
 using abi::nvmlEventTypeSingleBitEccError;
 using abi::nvmlEventTypeXidCriticalError;
-
-std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return text;
-}
 
 // The XIDs in a comma-separated list; entries that are not numbers are noted and skipped,
 // as NVIDIA's plugin skips them.
@@ -67,14 +63,14 @@ HealthPolicy health_policy(const HealthSettings& settings, const char* disable, 
   policy.critical_xids = settings.critical_xids;
   policy.recovery_quiet = recovery_quiet;
   if (disable != nullptr && *disable != '\0') {
-    const std::string value = lower(disable);
+    const std::string value = base::lower(disable);
     if (value == "all" || value.find("xids") != std::string::npos) policy.enabled = false;
     for (const std::uint64_t xid : xid_list(value, "DP_DISABLE_HEALTHCHECKS", policy.notes)) {
       policy.ignored_xids.insert(xid);
     }
   }
   if (enable != nullptr && *enable != '\0') {
-    const std::string value = lower(enable);
+    const std::string value = base::lower(enable);
     if (value == "all") {
       policy.ignored_xids.clear();
     } else {
@@ -89,12 +85,12 @@ HealthPolicy health_policy(const HealthSettings& settings, const char* disable, 
 HealthBoard::HealthBoard(int gpus) : gpus_(static_cast<std::size_t>(std::max(gpus, 0))) {}
 
 void HealthBoard::resize(int gpus) {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   gpus_.resize(static_cast<std::size_t>(std::max(gpus, 0)));
 }
 
 bool HealthBoard::record_error(int gpu, const std::string& reason, Clock::time_point now) {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   bool changed = false;
   for (std::size_t i = 0; i < gpus_.size(); ++i) {
     if (gpu >= 0 && static_cast<std::size_t>(gpu) != i) continue;
@@ -108,7 +104,7 @@ bool HealthBoard::record_error(int gpu, const std::string& reason, Clock::time_p
 }
 
 bool HealthBoard::hold_down(int gpu, const std::string& reason, Clock::time_point now) {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return false;
   State& state = gpus_[static_cast<std::size_t>(gpu)];
   const bool changed = state.healthy;
@@ -120,7 +116,7 @@ bool HealthBoard::hold_down(int gpu, const std::string& reason, Clock::time_poin
 
 bool HealthBoard::recover(std::chrono::milliseconds quiet, Clock::time_point now) {
   if (quiet.count() <= 0) return false;
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   bool changed = false;
   for (State& state : gpus_) {
     if (!state.healthy && now - state.last_error >= quiet) {
@@ -132,7 +128,7 @@ bool HealthBoard::recover(std::chrono::milliseconds quiet, Clock::time_point now
 }
 
 HealthBoard::Clock::time_point HealthBoard::next_recovery(std::chrono::milliseconds quiet) const {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   Clock::time_point next = Clock::time_point::max();
   if (quiet.count() <= 0) return next;
   for (const State& state : gpus_) {
@@ -142,7 +138,7 @@ HealthBoard::Clock::time_point HealthBoard::next_recovery(std::chrono::milliseco
 }
 
 bool HealthBoard::set_service_down(int gpu, const std::string& reason) {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return false;
   State& state = gpus_[static_cast<std::size_t>(gpu)];
   const bool changed = state.service_down.empty() != reason.empty();
@@ -151,32 +147,32 @@ bool HealthBoard::set_service_down(int gpu, const std::string& reason) {
 }
 
 bool HealthBoard::healthy(int gpu) const {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return true;
   const State& state = gpus_[static_cast<std::size_t>(gpu)];
   return state.healthy && state.service_down.empty();
 }
 
 std::string HealthBoard::reason(int gpu) const {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return {};
   const State& state = gpus_[static_cast<std::size_t>(gpu)];
   return state.service_down.empty() ? state.reason : state.service_down;
 }
 
 std::uint64_t HealthBoard::errors(int gpu) const {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   if (gpu < 0 || static_cast<std::size_t>(gpu) >= gpus_.size()) return 0;
   return gpus_[static_cast<std::size_t>(gpu)].errors;
 }
 
 void HealthBoard::count_event(std::uint64_t xid) {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   ++events_[xid];
 }
 
 std::map<std::uint64_t, std::uint64_t> HealthBoard::events() const {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   return events_;
 }
 

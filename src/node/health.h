@@ -8,12 +8,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "node/config.h"
 #include "node/nvml.h"
 
@@ -71,9 +71,9 @@ class HealthBoard {
     std::uint64_t errors = 0;
     std::string service_down;  // why a service it needs is down; "" while it is up
   };
-  mutable std::mutex mutex_;
-  std::vector<State> gpus_;
-  std::map<std::uint64_t, std::uint64_t> events_;
+  mutable base::Mutex mutex_;
+  std::vector<State> gpus_ GUARDED_BY(mutex_);
+  std::map<std::uint64_t, std::uint64_t> events_ GUARDED_BY(mutex_);
 };
 
 // Waits on an NVML event set and feeds the board; calls `changed` after every health change.

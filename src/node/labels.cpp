@@ -11,6 +11,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "base/files.h"
 #include "mig/catalog.h"
 
 namespace tessera::node {
@@ -200,19 +201,9 @@ Labels gpu_labels(const Inventory& inventory, const PluginConfig& config, std::t
 void write_features_file(const std::string& directory, const Labels& labels) {
   std::string text = "# Written by tessera node; node-feature-discovery's local source reads it.\n";
   for (const auto& [key, value] : labels) text += key + "=" + value + "\n";
-  const std::string path = directory + "/" + kFeaturesFileName;
-  const std::string temporary = directory + "/." + kFeaturesFileName + ".tmp";
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw std::runtime_error(fmt::format("cannot write {}: {}", temporary, std::strerror(errno)));
-  }
-  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  const bool closed = close(fd) == 0;
-  if (!written || !closed || rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    unlink(temporary.c_str());
-    throw std::runtime_error(fmt::format("cannot write {}: {}", path, reason));
-  }
+  std::string error;
+  if (!base::write_file_atomically(directory + "/" + kFeaturesFileName, text, error))
+    throw std::runtime_error(error);
 }
 
 nlohmann::json gpus_annotation(const Inventory& inventory, const ResourceMap& map,

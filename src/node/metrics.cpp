@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "base/prometheus.h"
 #include "common/clock.h"
 #include "common/limits.h"
 #include "common/priority.h"
@@ -19,40 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The text format: families declared with their type and help, samples added to any of them
-// in any order, written out family by family.
-class Exposition {
- public:
-  void family(const char* name, const char* type, const char* help) {
-    families_.push_back({name, type, help, {}});
-  }
-  void add(const char* name, const std::string& labels, double value) {
-    for (Family& family : families_) {
-      if (family.name == name) {
-        family.samples += labels.empty() ? fmt::format("{} {}\n", name, value)
-                                         : fmt::format("{}{{{}}} {}\n", name, labels, value);
-        return;
-      }
-    }
-  }
-  std::string text() const {
-    std::string out;
-    for (const Family& family : families_) {
-      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}", family.name, family.help, family.name,
-                         family.type, family.samples);
-    }
-    return out;
-  }
-
- private:
-  struct Family {
-    std::string name;
-    const char* type;
-    const char* help;
-    std::string samples;
-  };
-  std::vector<Family> families_;
-};
+using base::Exposition;
+using base::metric_label;
 
 struct Group {
   std::string directory, labels;
@@ -100,21 +69,6 @@ std::vector<Group> read_groups(const contract::StateLayout& layout, const Invent
 }
 
 }  // namespace
-
-std::string metric_label(const std::string& text) {
-  std::string escaped;
-  for (const char c : text.substr(0, 256)) {
-    if (c == '\\' || c == '"') {
-      escaped += '\\';
-      escaped += c;
-    } else if (c == '\n') {
-      escaped += "\\n";
-    } else {
-      escaped += c;
-    }
-  }
-  return escaped;
-}
 
 std::string MetricsRenderer::render(const AgentStatus& status) {
   Exposition out;
@@ -201,7 +155,7 @@ std::string MetricsRenderer::render(const AgentStatus& status) {
 
   const std::vector<Group> groups = read_groups(layout_, inventory);
   const std::uint64_t now = monotonic_ns();
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   std::map<std::string, Sample> current;
   for (const Group& group : groups) {
     const std::string labels = group.labels + "," + host;

@@ -6,9 +6,9 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 
+#include "base/mutex.h"
 #include "contract/host_layout.h"
 #include "node/health.h"
 #include "node/nvml.h"
@@ -41,14 +41,11 @@ class MetricsRenderer {
 
  private:
   contract::StateLayout layout_;
-  std::mutex mutex_;
   struct Sample {
     std::uint64_t device_time_ns = 0, at_ns = 0;
   };
-  std::map<std::string, Sample> previous_;  // by group directory and device
+  base::Mutex mutex_;  // two scrapes at once measure against one previous sample
+  std::map<std::string, Sample> previous_ GUARDED_BY(mutex_);  // by group directory and device
 };
-
-// A Prometheus label value, escaped.
-std::string metric_label(const std::string& text);
 
 }  // namespace tessera::node

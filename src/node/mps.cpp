@@ -190,7 +190,7 @@ MpsSupervisor::MpsSupervisor(std::string control, HealthBoard& board, std::funct
 
 MpsSupervisor::~MpsSupervisor() {
   {
-    std::lock_guard<std::mutex> locked(mutex_);
+    base::MutexLock locked(mutex_);
     stopping_ = true;
   }
   wake_.notify_all();
@@ -259,7 +259,7 @@ void MpsSupervisor::mark(Daemon& daemon, const std::string& why) {
 }
 
 void MpsSupervisor::apply(const std::vector<MpsDaemonSpec>& specs) {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   for (auto it = daemons_.begin(); it != daemons_.end();) {
     if (std::find(specs.begin(), specs.end(), it->spec) != specs.end()) {
       ++it;
@@ -289,9 +289,11 @@ void MpsSupervisor::apply(const std::vector<MpsDaemonSpec>& specs) {
 }
 
 void MpsSupervisor::run() {
-  std::unique_lock<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   while (!stopping_) {
-    wake_.wait_for(locked, check_every_, [this] { return stopping_; });
+    const auto deadline = Clock::now() + check_every_;
+    while (!stopping_ && wake_.wait_until(mutex_, deadline)) {
+    }
     if (stopping_) break;
     // Every check sees a daemon that exited; every kProbeEvery-th asks each daemon something,
     // which it records in its log, so the log grows by a line a probe, not a line a check.

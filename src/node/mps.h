@@ -9,15 +9,14 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "node/allocation.h"
 #include "node/config.h"
 #include "node/container_grants.h"
@@ -76,7 +75,7 @@ class MpsSupervisor {
 
   // Serves exactly these daemons: those no longer wanted are stopped, new ones started, the
   // rest left running. Returns once each new daemon answered (or was found down).
-  void apply(const std::vector<MpsDaemonSpec>& specs);
+  void apply(const std::vector<MpsDaemonSpec>& specs) EXCLUDES(mutex_);
 
  private:
   struct Daemon {
@@ -87,18 +86,19 @@ class MpsSupervisor {
   bool start(Daemon& daemon, std::string& why);
   void stop(Daemon& daemon);
   void mark(Daemon& daemon, const std::string& why);  // "" : up
-  void run();
+  void run() EXCLUDES(mutex_);
 
   std::string control_;
   HealthBoard& board_;
   std::function<void()> changed_;
   Reporter report_;
   std::chrono::milliseconds check_every_;
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::vector<Daemon> daemons_;
-  std::uint64_t checks_ = 0;
-  bool stopping_ = false;
+  // Held while daemons start, stop or are checked, so apply() and the checks never overlap.
+  base::Mutex mutex_;
+  base::CondVar wake_;
+  std::vector<Daemon> daemons_ GUARDED_BY(mutex_);
+  std::uint64_t checks_ GUARDED_BY(mutex_) = 0;
+  bool stopping_ GUARDED_BY(mutex_) = false;
   std::thread thread_;
 };
 

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "base/strings.h"
+
 namespace tessera::node {
 
 using namespace tessera::abi;
@@ -66,9 +68,8 @@ namespace {
 // The NUMA node Linux gives the GPU's PCI function, as NVIDIA's plugin reads it.
 int numa_node_from_sysfs(const std::string& bus_id) {
   // NVML writes an 8-digit domain ("00000000:17:00.0"); sysfs a 4-digit one.
-  std::string name = bus_id.size() > 4 && bus_id.find(':') == 8 ? bus_id.substr(4) : bus_id;
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string name =
+      base::lower(bus_id.size() > 4 && bus_id.find(':') == 8 ? bus_id.substr(4) : bus_id);
   if (name.find('/') != std::string::npos || name.find("..") != std::string::npos) return -1;
   std::ifstream input("/sys/bus/pci/devices/" + name + "/numa_node");
   int node = -1;

@@ -13,20 +13,22 @@ namespace tessera::node {
 
 void ChangeSignal::notify() {
   {
-    std::lock_guard<std::mutex> locked(mutex_);
+    base::MutexLock locked(mutex_);
     ++generation_;
   }
   changed_.notify_all();
 }
 
 std::uint64_t ChangeSignal::generation() const {
-  std::lock_guard<std::mutex> locked(mutex_);
+  base::MutexLock locked(mutex_);
   return generation_;
 }
 
 std::uint64_t ChangeSignal::wait(std::uint64_t seen, std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> locked(mutex_);
-  changed_.wait_for(locked, timeout, [&] { return generation_ != seen; });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  base::MutexLock locked(mutex_);
+  while (generation_ == seen && changed_.wait_until(mutex_, deadline)) {
+  }
   return generation_;
 }
 

@@ -6,14 +6,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "node/allocation.h"
 
 namespace grpc {
@@ -32,9 +31,9 @@ class ChangeSignal {
   std::uint64_t wait(std::uint64_t seen, std::chrono::milliseconds timeout) const;
 
  private:
-  mutable std::mutex mutex_;
-  mutable std::condition_variable changed_;
-  std::uint64_t generation_ = 0;
+  mutable base::Mutex mutex_;
+  mutable base::CondVar changed_;
+  std::uint64_t generation_ GUARDED_BY(mutex_) = 0;
 };
 
 struct PluginDevice {

@@ -11,6 +11,8 @@
 #include <tuple>
 #include <utility>
 
+#include "common/check.h"
+
 namespace tessera::sched {
 namespace {
 
@@ -292,7 +294,7 @@ double Cluster::fragmentation(const Node& node) const {
         (std::uint64_t{std::uint16_t(slot.milli)} << 16) | 0x9e37u);
   }
   {
-    std::lock_guard<std::mutex> locked(fragmentation_memo_.mutex);
+    base::MutexLock locked(fragmentation_memo_.mutex);
     if (const auto found = fragmentation_memo_.values.find(key);
         found != fragmentation_memo_.values.end()) {
       return found->second;
@@ -302,7 +304,7 @@ double Cluster::fragmentation(const Node& node) const {
   for (const TaskClass& task : classes_) {
     amount += task.weight * static_cast<double>(left - usable_by(node, task.request));
   }
-  std::lock_guard<std::mutex> locked(fragmentation_memo_.mutex);
+  base::MutexLock locked(fragmentation_memo_.mutex);
   constexpr std::size_t kMostMemoised = 1 << 20;  // a long-lived scheduler meets ever new nodes
   if (fragmentation_memo_.values.size() >= kMostMemoised) fragmentation_memo_.values.clear();
   fragmentation_memo_.values.emplace(key, amount);
@@ -653,6 +655,7 @@ void Cluster::allocate(const Request& request, const Placement& placement) {
   for (int k = 0; k < placement.gpu_count; ++k) {
     node.gpu_left[placement.gpu_index[k]] =
         static_cast<std::int16_t>(node.gpu_left[placement.gpu_index[k]] - request.gpu_milli);
+    TESSERA_DCHECK(node.gpu_left[placement.gpu_index[k]] >= 0);  // placed where it fits
   }
   take_mig(node, request, -1);
   ++node.running_by_kind[request.kind];
@@ -668,6 +671,7 @@ void Cluster::release(const Request& request, const Placement& placement) {
   for (int k = 0; k < placement.gpu_count; ++k) {
     node.gpu_left[placement.gpu_index[k]] =
         static_cast<std::int16_t>(node.gpu_left[placement.gpu_index[k]] + request.gpu_milli);
+    TESSERA_DCHECK(node.gpu_left[placement.gpu_index[k]] <= kMilli);  // released what it took
   }
   take_mig(node, request, 1);
   --node.running_by_kind[request.kind];

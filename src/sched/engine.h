@@ -4,12 +4,12 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "sched/trace.h"
 
 namespace tessera::sched {
@@ -190,12 +190,12 @@ class Cluster {
     FragmentationMemo() = default;
     FragmentationMemo(const FragmentationMemo&) {}
     FragmentationMemo& operator=(const FragmentationMemo&) {
-      std::lock_guard<std::mutex> locked(mutex);
+      base::MutexLock locked(mutex);
       values.clear();
       return *this;
     }
-    std::mutex mutex;
-    std::unordered_map<std::uint64_t, double> values;
+    base::Mutex mutex;
+    std::unordered_map<std::uint64_t, double> values GUARDED_BY(mutex);
   };
   mutable FragmentationMemo fragmentation_memo_;
   std::int64_t gpu_milli_total_ = 0;

@@ -6,11 +6,12 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <random>
 #include <set>
 #include <stdexcept>
 #include <thread>
+
+#include "base/mutex.h"
 
 namespace tessera::sched {
 namespace {
@@ -497,7 +498,7 @@ std::vector<RunResult> run_all(const std::vector<Job>& jobs, int threads,
                                const std::function<void(const RunResult&, int done)>& progress) {
   std::vector<RunResult> results(jobs.size());
   std::atomic<std::size_t> next{0};
-  std::mutex report;
+  base::Mutex report;  // guards done, failure and the progress callback
   int done = 0;
   std::exception_ptr failure;  // the first job's exception: none may escape a thread
   std::vector<std::thread> workers;
@@ -506,10 +507,10 @@ std::vector<RunResult> run_all(const std::vector<Job>& jobs, int threads,
       for (std::size_t i; (i = next.fetch_add(1)) < jobs.size();) {
         try {
           results[i] = run(jobs[i]);
-          std::lock_guard<std::mutex> locked(report);
+          base::MutexLock locked(report);
           progress(results[i], ++done);
         } catch (...) {
-          std::lock_guard<std::mutex> locked(report);
+          base::MutexLock locked(report);
           if (!failure) failure = std::current_exception();
           next = jobs.size();  // start nothing more
         }

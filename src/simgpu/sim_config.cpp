@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/mutex.h"
 #include "common/text.h"
 #include "common/units.h"
 
@@ -183,11 +184,11 @@ struct CallCount {
   const char* entry_point;
   unsigned calls;
 };
-CallCount call_counts[16];
-pthread_mutex_t call_counts_lock = PTHREAD_MUTEX_INITIALIZER;
+constinit Mutex call_counts_lock;
+CallCount call_counts[16] GUARDED_BY(call_counts_lock);
 
 unsigned count_call(const char* entry_point) {
-  pthread_mutex_lock(&call_counts_lock);
+  MutexLock locked(call_counts_lock);
   unsigned calls = 0;
   for (CallCount& count : call_counts) {
     if (count.entry_point == nullptr) count.entry_point = entry_point;
@@ -196,7 +197,6 @@ unsigned count_call(const char* entry_point) {
       break;
     }
   }
-  pthread_mutex_unlock(&call_counts_lock);
   return calls;
 }
 

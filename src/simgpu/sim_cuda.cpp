@@ -29,6 +29,9 @@ using tessera::monotonic_ns;
 using tessera::sleep_until_ns;
 
 namespace tessera::sim {
+
+constinit Mutex driver_lock;
+
 namespace {
 
 constexpr std::uint64_t kAllocationUnit = 512;
@@ -52,8 +55,7 @@ thread_local int context_depth = 0;
 void reset_after_fork();
 
 void construct_driver() {
-  Driver& driver = driver_storage.construct();
-  pthread_mutex_init(&driver.lock, nullptr);
+  driver_storage.construct();
   pthread_atfork(nullptr, nullptr, reset_after_fork);
 }
 
@@ -65,7 +67,8 @@ Driver& driver() {
 // CUDA cannot be used across fork: the child starts with nothing and must cuInit again.
 void reset_after_fork() {
   Driver& state = driver_storage.get();
-  pthread_mutex_init(&state.lock, nullptr);
+  driver_lock.reset_after_fork();
+  MutexLock locked(driver_lock);
   state.initialized = false;
   std::memset(state.primary, 0, sizeof state.primary);
   std::memset(state.default_pool, 0, sizeof state.default_pool);
@@ -82,10 +85,11 @@ void reset_after_fork() {
   machine().after_fork_in_child();
 }
 
-class Lock {
+// Holds driver_lock for its scope, and reaches the driver's state through it.
+class SCOPED_CAPABILITY Lock {
  public:
-  Lock() : driver_(driver()) { pthread_mutex_lock(&driver_.lock); }
-  ~Lock() { pthread_mutex_unlock(&driver_.lock); }
+  Lock() ACQUIRE(driver_lock) : driver_(driver()) { driver_lock.lock(); }
+  ~Lock() RELEASE() { driver_lock.unlock(); }
   Driver* operator->() { return &driver_; }
 
  private:
@@ -229,7 +233,8 @@ const DeviceSpec& spec_of(int device) {
 
 // Takes device memory for this process: refused when an MPS client's daemon has gone, or
 // past its pinned-memory limit on that device, or when the device is full.
-pthread_mutex_t mps_memory_lock = PTHREAD_MUTEX_INITIALIZER;
+// Guards no field: it makes an MPS client's check of its limit and its charge one step.
+constinit Mutex mps_memory_lock;
 CUresult take_device_memory(int device, std::uint64_t bytes) {
   const MpsClient& mps = driver().mps;
   if (mps.fd < 0) return machine().charge(device, bytes) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -238,10 +243,9 @@ CUresult take_device_memory(int device, std::uint64_t bytes) {
   for (int ordinal = 0; ordinal < driver().device_count; ++ordinal) {
     if (driver().machine_index[ordinal] == device) limit = mps.limits.pinned_bytes[ordinal];
   }
-  pthread_mutex_lock(&mps_memory_lock);  // the check and the charge as one, across threads
+  MutexLock locked(mps_memory_lock);  // the check and the charge as one, across threads
   const bool within = limit == 0 || machine().process_used(device) + bytes <= limit;
   const bool taken = within && machine().charge(device, bytes);
-  pthread_mutex_unlock(&mps_memory_lock);
   return taken ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -293,7 +297,7 @@ CUresult allocate_linear(CUdeviceptr* dptr, std::uint64_t bytes) {
 
 // --- stream-ordered pools --------------------------------------------------------------
 
-Pool* new_pool(int device, bool is_default) {
+Pool* new_pool(int device, bool is_default) REQUIRES(driver_lock) {
   auto* pool = static_cast<Pool*>(std::calloc(1, sizeof(Pool)));
   if (pool == nullptr) return nullptr;
   pool->device = device;
@@ -302,8 +306,7 @@ Pool* new_pool(int device, bool is_default) {
   return pool;
 }
 
-// Called with the lock held.
-Pool* current_pool_locked(Driver& state, int ordinal) {
+Pool* current_pool_locked(Driver& state, int ordinal) REQUIRES(driver_lock) {
   if (state.current_pool[ordinal] != nullptr) return state.current_pool[ordinal];
   if (state.default_pool[ordinal] == nullptr) {
     state.default_pool[ordinal] = new_pool(state.machine_index[ordinal], true);
@@ -320,7 +323,7 @@ void shrink_pool_locked(Pool* pool, std::uint64_t keep) {
   }
 }
 
-void finish_pool_destroy_locked(Driver& state, Pool* pool) {
+void finish_pool_destroy_locked(Driver& state, Pool* pool) REQUIRES(driver_lock) {
   machine().uncharge(pool->device, pool->reserved);
   char ignored;
   state.pools.take(reinterpret_cast<std::uint64_t>(pool), ignored);
@@ -564,7 +567,8 @@ CUresult check_allocation_prop(const CUmemAllocationProp* prop, int& device) {
   }
 }
 
-VmmHandle* find_vmm_handle_locked(Driver& state, CUmemGenericAllocationHandle handle) {
+VmmHandle* find_vmm_handle_locked(Driver& state, CUmemGenericAllocationHandle handle)
+    REQUIRES(driver_lock) {
   VmmHandle** found = state.vmm_handles.find(handle);
   return found ? *found : nullptr;
 }
@@ -599,10 +603,10 @@ Stream* stream_of(CUstream handle, Context* context) {
 
 // Stream captures in progress in this process, by number: a call the driver forbids during a
 // capture invalidates it, and its end then fails, as CUDA's does.
+constinit Mutex captures_lock;
 struct ActiveCaptures {
-  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-  std::uint64_t next = 0;
-  Graph* graphs[64] = {};
+  std::uint64_t next GUARDED_BY(captures_lock) = 0;
+  Graph* graphs[64] GUARDED_BY(captures_lock) = {};
 };
 ActiveCaptures captures_in_progress;  // constant-initialised, trivially destroyed
 ActiveCaptures& active_captures() {
@@ -612,7 +616,7 @@ ActiveCaptures& active_captures() {
 // Registers a capture; false when too many are in progress.
 bool begin_capture(Graph* graph) {
   ActiveCaptures& captures = active_captures();
-  pthread_mutex_lock(&captures.lock);
+  MutexLock locked(captures_lock);
   bool placed = false;
   for (Graph*& slot : captures.graphs) {
     if (slot == nullptr) {
@@ -622,29 +626,26 @@ bool begin_capture(Graph* graph) {
       break;
     }
   }
-  pthread_mutex_unlock(&captures.lock);
   return placed;
 }
 
 void end_capture(Graph* graph) {
   ActiveCaptures& captures = active_captures();
-  pthread_mutex_lock(&captures.lock);
+  MutexLock locked(captures_lock);
   for (Graph*& slot : captures.graphs) {
     if (slot == graph) slot = nullptr;
   }
-  pthread_mutex_unlock(&captures.lock);
 }
 
 // The capture numbered `sequence`, if still in progress, is invalidated.
 void invalidate_capture(std::uint64_t sequence) {
   ActiveCaptures& captures = active_captures();
-  pthread_mutex_lock(&captures.lock);
+  MutexLock locked(captures_lock);
   for (Graph* graph : captures.graphs) {
     if (graph != nullptr && graph->capture_sequence == sequence) {
       __atomic_store_n(&graph->invalidated, true, __ATOMIC_RELAXED);
     }
   }
-  pthread_mutex_unlock(&captures.lock);
 }
 
 // Waiting for, querying or timing an event recorded into a capture is refused and breaks the

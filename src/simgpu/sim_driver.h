@@ -9,6 +9,7 @@
 
 #include "common/handle_table.h"
 #include "common/limits.h"
+#include "common/mutex.h"
 #include "cuda_abi/cuda_abi.h"
 #include "simgpu/sim_config.h"
 #include "simgpu/sim_mps_client.h"
@@ -94,8 +95,11 @@ struct ArrayRecord {
   std::uint64_t bytes;
 };
 
+// Guards the driver's tables below (what is allocated, created and current); the devices a
+// process sees are set once, by cuInit, and read without it.
+extern Mutex driver_lock;
+
 struct Driver {
-  pthread_mutex_t lock;
   bool initialized;
   int device_count;
   int machine_index[kMaxDevices];   // ordinal -> simulated device (after CUDA_VISIBLE_DEVICES)
@@ -104,15 +108,15 @@ struct Driver {
   struct {
     Context* context;
     int retains;
-  } primary[kMaxDevices];
-  Pool* default_pool[kMaxDevices];
-  Pool* current_pool[kMaxDevices];
-  HandleTable<Allocation> allocations;
-  HandleTable<char> contexts;  // live Context* values
-  HandleTable<char> pools;     // live Pool* values
-  HandleTable<VmmHandle*> vmm_handles;
-  HandleTable<Mapping> mappings;
-  HandleTable<ArrayRecord> arrays;
+  } primary[kMaxDevices] GUARDED_BY(driver_lock);
+  Pool* default_pool[kMaxDevices] GUARDED_BY(driver_lock);
+  Pool* current_pool[kMaxDevices] GUARDED_BY(driver_lock);
+  HandleTable<Allocation> allocations GUARDED_BY(driver_lock);
+  HandleTable<char> contexts GUARDED_BY(driver_lock);  // live Context* values
+  HandleTable<char> pools GUARDED_BY(driver_lock);     // live Pool* values
+  HandleTable<VmmHandle*> vmm_handles GUARDED_BY(driver_lock);
+  HandleTable<Mapping> mappings GUARDED_BY(driver_lock);
+  HandleTable<ArrayRecord> arrays GUARDED_BY(driver_lock);
 };
 
 }  // namespace tessera::sim

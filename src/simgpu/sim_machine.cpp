@@ -171,7 +171,7 @@ void format_mig_uuid(int gpu, const MigGpuInstance& instance, int ci, char* text
 std::uint64_t Machine::submit(int device, std::uint64_t duration_ns, std::uint32_t sm_permille) {
   DeviceSchedule& schedule = file_->schedules[device];
   for (;;) {
-    lock_robust(&schedule.lock);  // a dead owner leaves only whole values behind
+    lock_robust_whole(&schedule.lock);  // a dead owner leaves only whole values behind
     const std::uint64_t now = monotonic_ns();
     // Only queued here, the lock held briefly: working the schedule out is left to those
     // who wait or ask, unless the queue is full.
@@ -219,7 +219,7 @@ std::uint64_t Machine::wait(int device, std::uint64_t ticket) {
   DeviceSchedule& schedule = file_->schedules[device];
   for (std::uint64_t end = 0;;) {
     if (completed(ticket, &end)) return end;
-    lock_robust(&schedule.lock);
+    lock_robust_whole(&schedule.lock);
     const std::uint64_t now = monotonic_ns();
     advance_locked(device, now);
     if (completed(ticket, &end)) {
@@ -264,7 +264,7 @@ void Machine::record_run(int device, PendingWork& work, std::uint64_t end_ns) {
 
 void Machine::advance(int device) {
   DeviceSchedule& schedule = file_->schedules[device];
-  lock_robust(&schedule.lock);
+  lock_robust_whole(&schedule.lock);
   advance_locked(device, monotonic_ns());
   unlock_robust(&schedule.lock);
 }
@@ -461,7 +461,7 @@ Machine& machine() {
 }
 
 void Machine::raise_event(int device, std::uint64_t type, std::uint64_t data) {
-  lock_robust(&file_->events_lock);  // raisers are rare; readers never take it
+  lock_robust_whole(&file_->events_lock);  // raisers are rare; readers never take it
   const std::uint64_t index = file_->events_raised.load(std::memory_order_relaxed);
   DeviceEvent& entry = file_->events[index % kDeviceEvents];
   entry.sequence.store(0, std::memory_order_release);
@@ -476,7 +476,7 @@ void Machine::raise_event(int device, std::uint64_t type, std::uint64_t data) {
 }
 
 MigState& Machine::lock_mig(int device) {
-  lock_robust(&file_->mig_lock);
+  lock_robust_whole(&file_->mig_lock);
   return file_->mig[device];
 }
 

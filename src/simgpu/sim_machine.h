@@ -58,7 +58,9 @@ inline constexpr std::uint64_t kTimeSliceNs = 2'000'000;
 // (each on its share of the SMs, which its kernels' durations already carry). The schedule
 // is worked out lazily, up to the present, by whichever process asks.
 struct DeviceSchedule {
-  alignas(64) pthread_mutex_t lock;
+  alignas(64) RobustMutex lock;
+  // Guards the fields below. They are not annotated: the schedule is worked out by lambdas
+  // over them, which the analysis sees as functions of their own.
   std::uint64_t resolved_ns;   // the schedule is decided and recorded up to here
   std::int32_t current_group;  // whose slice it is (PendingWork::group)
   std::uint64_t slice_left_ns;
@@ -146,10 +148,10 @@ struct MachineFile {
   TimelineEntry timeline[kTimelineEntries];  // a ring
   // Events raised so far; the low 32 bits are also a futex word that waiters sleep on.
   std::atomic<std::uint64_t> events_raised;
-  pthread_mutex_t events_lock;        // one raiser at a time
+  RobustMutex events_lock;            // one raiser at a time (readers check sequences)
   DeviceEvent events[kDeviceEvents];  // a ring
-  pthread_mutex_t mig_lock;           // held briefly, by MIG calls only
-  MigState mig[kMaxDevices];
+  RobustMutex mig_lock;               // held briefly, by MIG calls only
+  MigState mig[kMaxDevices] GUARDED_BY(mig_lock);
   // Per GPU, the bytes in use in each of its GPU instances, by instance slot.
   SharedAccounts mig_accounts[kMaxDevices];
   // Per GPU, nvidia-smi compute-policy's time slice: 0 default, 1 short, 2 medium, 3 long.
@@ -236,8 +238,10 @@ class Machine {
   // Raises an event on device, waking every process waiting for events.
   void raise_event(int device, std::uint64_t type, std::uint64_t data);
   // The device's MIG state, locked until unlock_mig (one device's or all: one lock).
-  MigState& lock_mig(int device);
-  void unlock_mig();
+  MigState& lock_mig(int device) ACQUIRE(mig_lock());
+  void unlock_mig() RELEASE(mig_lock());
+  // The lock lock_mig takes, for the analysis of functions that return holding it.
+  RobustMutex& mig_lock() const RETURN_CAPABILITY(file_->mig_lock) { return file_->mig_lock; }
   std::uint64_t events_raised() const {
     return file_->events_raised.load(std::memory_order_acquire);
   }

@@ -150,7 +150,8 @@ bool decode(const void* handle, const Array& array, std::size_t per_device, std:
 
 // A handle's instance, under the MIG lock (taken here, released by the caller with
 // machine().unlock_mig()); null, unlocked, when the handle names none that exists.
-MigGpuInstance* locked_gpu_instance(nvmlGpuInstance_t handle, int& device) {
+MigGpuInstance* locked_gpu_instance(nvmlGpuInstance_t handle, int& device)
+    TRY_ACQUIRE(true, machine().mig_lock()) {
   int gi = 0, unused = 0;
   if (!initialized || !decode(handle, gi_handles, kMigSlots, 1, device, gi, unused)) return nullptr;
   MigState& state = machine().lock_mig(device);
@@ -274,7 +275,7 @@ nvmlReturn_t create(nvmlDevice_t device, unsigned profile_id, int start,
 // The MIG device's instance and compute instance, under the MIG lock; false (unlocked) when
 // they are gone.
 bool locked_mig_device(nvmlDevice_t handle, MigDeviceRef& ref, MigGpuInstance*& gi,
-                       MigComputeInstance*& ci) {
+                       MigComputeInstance*& ci) TRY_ACQUIRE(true, machine().mig_lock()) {
   if (!mig_device_of(handle, ref)) return false;
   MigState& state = machine().lock_mig(ref.device);
   gi = &state.instances[ref.gi];
@@ -698,7 +699,7 @@ namespace {
 
 // A compute instance handle's GPU instance and itself, under the MIG lock (see above).
 MigComputeInstance* locked_compute_instance(nvmlComputeInstance_t handle, int& device, int& gi,
-                                            int& ci) {
+                                            int& ci) TRY_ACQUIRE(true, machine().mig_lock()) {
   if (!initialized ||
       !decode(handle, ci_handles, kMigSlots * kMigSlots, kMigSlots, device, gi, ci)) {
     return nullptr;
