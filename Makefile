@@ -15,7 +15,7 @@ FUZZ_SECONDS := 20
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps check-deps install-missing build test demo bench sanitize tsan fuzz format format-check clean
+.PHONY: deps check-deps install-missing build test test-unit demo bench sanitize tsan thread-safety fuzz format format-check clean
 
 deps:
 	@$(MAKE) --no-print-directory install-missing PACKAGES="$(DEBIAN_PACKAGES)"
@@ -37,6 +37,10 @@ build: deps
 test: build
 	ctest --preset release -j $(JOBS)
 
+# The unit tests alone (ctest labels: unit, integration, timing).
+test-unit: build
+	ctest --preset release -j $(JOBS) -L unit
+
 demo: build
 	examples/demo.sh $(BUILD_DIR)
 
@@ -44,11 +48,17 @@ bench: build
 	bench/run.sh $(BUILD_DIR)
 	bench/compute_sweep.sh $(BUILD_DIR)
 
-# ASan + UBSan over the host-side code and the whole suite.
+# ASan + UBSan over the host-side code, its unit and integration tests (the timing tests
+# measure the wall clock, which instrumentation slows: they run in the release build).
 sanitize: deps
 	cmake --preset sanitize
 	cmake --build --preset sanitize -j $(JOBS)
 	ctest --preset sanitize -j $(JOBS)
+
+# Clang's thread-safety analysis (-Wthread-safety, errors) over all of src/: compiled, not run.
+thread-safety: check-deps
+	cmake --preset thread-safety
+	cmake --build --preset thread-safety -j $(JOBS)
 
 # TSan over the extender, the node agent and their concurrency tests.
 tsan: deps
