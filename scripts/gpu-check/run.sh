@@ -36,6 +36,7 @@ hook="$work/libtessera-cuda.so"
 # needs its headers alone (FMT_INCLUDE names a folder that holds fmt/ where it is not installed).
 g++ -std=c++20 -O2 -DFMT_HEADER_ONLY -I"$repo/src" ${FMT_INCLUDE:+-I"$FMT_INCLUDE"} \
   "$repo"/src/node/{nvml,mig_gpu}.cpp "$repo"/src/mig/{catalog,nvml_catalog,planner}.cpp \
+  "$repo"/src/base/strings.cpp \
   "$repo/scripts/gpu-check/nvml_probe.cpp" -o "$work/nvml_probe" -ldl ||
   { echo "nvml_probe build failed"; exit 1; }
 # The test suite builds the hook and the probe this way too (GPU_CHECK_BUILD_ONLY=1), so these
