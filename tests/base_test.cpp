@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "base/mutex.h"
 #include "base/strings.h"
+#include "base/yaml_document.h"
 
 namespace tessera::base {
 namespace {
@@ -58,6 +60,73 @@ TEST(BaseMutex, AWaitEndsWithTheSignalOrTheDeadlineWithTheLockHeld) {
   MutexLock locked(mutex);
   // Nobody signals now: the wait ends at its deadline, and says so.
   EXPECT_FALSE(changed.wait_until(mutex, std::chrono::steady_clock::now()));
+}
+
+// The message a document refusal gives, or "" when `read` accepts.
+template <typename Read>
+std::string refusal_of(Read read) {
+  try {
+    read();
+  } catch (const DocumentError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(BaseYamlDocument, LoadingRefusesWhatIsTooLongTooDeepOrNotYaml) {
+  EXPECT_EQ(load_yaml("a: 1\n", "f.yaml", 1024, 8)["a"].as<int>(), 1);
+  EXPECT_EQ(refusal_of([] { load_yaml(std::string(2048, '#'), "f.yaml", 1024, 8); }),
+            "f.yaml: larger than 1 KiB");
+  EXPECT_EQ(
+      refusal_of([] { load_yaml(std::string(9, '[') + std::string(9, ']'), "f.yaml", 1024, 8); }),
+      "f.yaml: nested more than 8 deep");
+  EXPECT_EQ(refusal_of([] { load_yaml("'[' ]", "f.yaml", 1024, 8); }).rfind("f.yaml: not YAML", 0),
+            0u);
+  // Brackets inside quotes do not nest.
+  EXPECT_EQ(refusal_of([] { load_yaml("a: '[[[[[[[[[['\n", "f.yaml", 1024, 8); }), "");
+}
+
+TEST(BaseYamlDocument, TheReaderNamesTheFileTheFieldAndTheValue) {
+  const YAML::Node root = YAML::Load("name: 12\nflag: maybe\ncount: 300\nkind: round\nextra: 1\n");
+  YamlReader reader("f.yaml");
+  EXPECT_EQ(refusal_of([&] { reader.text(root["name"], "name"); }),
+            "f.yaml: name: must be a string, not 12 (quote it)");
+  EXPECT_EQ(refusal_of([&] { reader.boolean(root["flag"], "flag"); }),
+            "f.yaml: flag: must be true or false, not 'maybe'");
+  EXPECT_EQ(refusal_of([&] { reader.integer(root["count"], "count", 1, 100); }),
+            "f.yaml: count: 300 is out of range (1 to 100)");
+  EXPECT_EQ(
+      refusal_of([&] {
+        reader.choice<int>(root["kind"], "kind", {{"square", 0}, {"flat", 1}}, "unknown kind: ");
+      }),
+      "f.yaml: kind: unknown kind: round (one of: square, flat)");
+  EXPECT_EQ(refusal_of([&] {
+              reader.check_keys(root, "", {"name", "flag", "count", "kind"});
+            }),
+            "f.yaml: extra: unknown field (known here: name, flag, count, kind)");
+  EXPECT_EQ(refusal_of([&] { reader.expect_map(root["name"], "name"); }),
+            "f.yaml: name: must be a mapping, not '12'");
+  EXPECT_TRUE(reader.boolean(YAML::Load("on"), "x"));  // Go's YAML 1.1 words
+  EXPECT_EQ(reader.text(YAML::Load("'12'"), "x"), "12");
+}
+
+TEST(BaseYamlDocument, AnAliasBombIsRefusedNotWalked) {
+  std::string text = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char name = 'b'; name <= 'h'; ++name) {
+    const char previous = static_cast<char>(name - 1);
+    text += std::string(1, name) + ": &" + name + " [";
+    for (int i = 0; i < 10; ++i) text += std::string(i ? ", *" : "*") + previous;
+    text += "]\n";
+  }
+  const YAML::Node root = load_yaml(text, "bomb.yaml", 1 << 20, 32);
+  YamlReader reader("bomb.yaml");
+  // Ten to the eighth leaves: the walk stops at the reader's bound, with the reason.
+  std::function<void(const YAML::Node&)> walk = [&](const YAML::Node& node) {
+    reader.visit("h");
+    if (node.IsSequence())
+      for (const auto& child : node) walk(child);
+  };
+  EXPECT_EQ(refusal_of([&] { walk(root["h"]); }), "bomb.yaml: h: the config is too large a tree");
 }
 
 }  // namespace

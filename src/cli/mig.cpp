@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 
+#include "base/yaml_document.h"
 #include "cli/commands.h"
 #include "cli/environment.h"
 #include "common/units.h"
@@ -24,8 +25,8 @@ namespace {
 // A config or pod list file, at most 16 MiB (a cluster's pods, as kubectl lists them).
 std::string read_config_file(const std::string& path) {
   try {
-    return node::read_file_bounded(path, std::size_t{16} << 20);
-  } catch (const node::ConfigError& error) {
+    return base::read_file_bounded(path, std::size_t{16} << 20);
+  } catch (const base::DocumentError& error) {
     throw UsageError(error.what());
   }
 }

@@ -9,7 +9,6 @@
 #include <set>
 
 #include "base/strings.h"
-#include "common/text.h"
 
 namespace tessera::mig {
 namespace {
@@ -205,17 +204,7 @@ std::string profile_format_error(const std::string& profile) {
 }
 
 PartedConfig parse_parted_config(std::string_view text, const std::string& origin) {
-  if (text.size() > kMostBytes)
-    refuse(origin, "", fmt::format("larger than {} KiB", kMostBytes >> 10));
-  if (nests_deeper_than(text, kMostNesting)) {  // yaml-cpp's parser recurses
-    refuse(origin, "", fmt::format("nested more than {} deep", kMostNesting));
-  }
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(text));
-  } catch (const YAML::Exception& error) {
-    refuse(origin, "", fmt::format("not YAML: {}", error.what()));
-  }
+  const YAML::Node root = base::load_yaml(text, origin, kMostBytes, kMostNesting);
   PartedConfig config;
   if (!root.IsMap() || root.size() == 0)
     refuse(origin, "", "unable to parse with missing 'version' field");

@@ -1,4 +1,4 @@
-// mig-parted's config file, version v1, accepted unchanged (REFERENCE.md §3): named configs,
+// mig-parted's config file, version v1, accepted unchanged (docs/mig.md): named configs,
 // each a list of entries that say, for the GPUs they select (`devices`: all or indices,
 // `device-filter`: PCI device IDs), whether MIG is on and which MIG devices to make.
 // Refusals carry mig-parted's own messages, with the file and the entry.
@@ -11,13 +11,13 @@
 #include <string_view>
 #include <vector>
 
+#include "base/yaml_document.h"
 #include "mig/planner.h"
 
 namespace tessera::mig {
 
-struct MigConfigError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// A mig-parted config refused, naming the file, the field and the value.
+using MigConfigError = base::DocumentError;
 
 struct PartedEntry {
   std::vector<std::uint32_t> device_filter;  // packed device<<16|vendor; empty: any GPU

@@ -151,7 +151,7 @@ DeviceNodeSpec mig_capability_node(const std::string& root, const std::string& c
   const std::string file = under_root(root, "/proc/driver/nvidia/capabilities/" + capability);
   std::string text;
   try {
-    text = read_file_bounded(file, 4096);
+    text = base::read_file_bounded(file, 4096);
   } catch (const ConfigError& unreadable) {
     throw AllocationError(fmt::format("MIG device node: {}", unreadable.what()));
   }

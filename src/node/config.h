@@ -1,5 +1,5 @@
 // The node agent's configuration: NVIDIA's device-plugin config, version v1, accepted
-// unchanged (REFERENCE.md §2), plus Tessera's own `sharing.slices` for fractional GPUs.
+// unchanged (docs/configuration.md), plus Tessera's own `sharing.slices` for fractional GPUs.
 //
 // Read strictly: every field NVIDIA's schema has is accepted (those Tessera does not act on
 // are named in `ignored`), anything else is refused, as are values of the wrong type or out
@@ -17,11 +17,12 @@
 #include <string_view>
 #include <vector>
 
+#include "base/yaml_document.h"
+
 namespace tessera::node {
 
-struct ConfigError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// A config refused, naming the file, the field and the value.
+using ConfigError = base::DocumentError;
 
 enum class MigStrategy { none, single, mixed };
 enum class DeviceIdStrategy { uuid, index };
@@ -134,8 +135,6 @@ struct ConfigSet {
 };
 ConfigSet read_config_directory(const std::string& directory);
 ConfigSet read_config_file(const std::string& path, const std::string& name);
-// A file's text, at most `most` bytes; throws ConfigError naming the file.
-std::string read_file_bounded(const std::string& path, std::size_t most = kMostConfigBytes);
 
 // Which config a node runs: the one its label names, else `fallback` (the --config flag),
 // else the only one there is, else NVIDIA's default. Throws ConfigError when a named config
