@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {
     const NodeInfo node = node_from_json(object);
-    if (node.spec.gpus < 0 || node.spec.gpus > kMaxGpusPerNode) broken("node GPU count");
+    if (node.spec.gpus < 0 || node.spec.gpus > kMostGpusPerNode) broken("node GPU count");
     if (node.spec.cpu_milli < 0 || node.spec.memory_mib < 0) broken("node capacity");
     if (node.spec.name.size() > kMostNameLength) broken("node name length");
     if (node.spec.mig.size() > static_cast<std::size_t>(tessera::sched::kMostMigProfilesPerNode))
@@ -76,11 +76,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
        {object, nlohmann::json(std::string(reinterpret_cast<const char*>(data), size))}) {
     try {
       const RecordedAssignment assignment = assignment_from_annotation(annotation);
-      if (assignment.gpus.size() > static_cast<std::size_t>(kMaxGpusPerNode)) {
+      if (assignment.gpus.size() > static_cast<std::size_t>(kMostGpusPerNode)) {
         broken("an assignment names more GPUs than a node holds");
       }
       for (const int gpu : assignment.gpus) {
-        if (gpu < 0 || gpu >= kMaxGpusPerNode) broken("an assignment's GPU index");
+        if (gpu < 0 || gpu >= kMostGpusPerNode) broken("an assignment's GPU index");
       }
     } catch (const std::runtime_error&) {
     }

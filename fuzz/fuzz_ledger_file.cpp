@@ -110,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (limit == kUnlimited || limit > kLimit) broken("the file raised this process's limit");
   if (!ledger.join(error)) return 0;
   if (ledger.reserve(0, kLimit + 1)) broken("more than the limit was reserved");
-  for (int device = 0; device < kMaxDevices; ++device) {
+  for (int device = 0; device < kMostDevices; ++device) {
     const DeviceUsage usage = ledger.usage(device);
     (void)usage;
   }

@@ -43,14 +43,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (memory_limits_from_environment(limits, error)) {
     // The one writer of the list form, read back by the one reader.
     char text[1024];
-    if (!format_limit_list(limits.memory_bytes, kMaxDevices, text, sizeof text)) {
+    if (!format_limit_list(limits.memory_bytes, kMostDevices, text, sizeof text)) {
       broken("limits that were read cannot be written");
     }
     DeviceLimits again;
     if (text[0] != '\0' && !parse_memory_limit_list("again", text, again, error)) {
       broken("what the formatter wrote is refused by the parser");
     }
-    for (int device = 0; device < kMaxDevices; ++device) {
+    for (int device = 0; device < kMostDevices; ++device) {
       if (again.memory_bytes[device] != limits.memory_bytes[device]) {
         broken("what the formatter wrote reads back otherwise");
       }

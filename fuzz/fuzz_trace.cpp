@@ -16,14 +16,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     if (data[0] & 1) {
       for (const PodSpec& pod : read_pods(file.path())) {
-        if (pod.gpus < 0 || pod.gpus > kMaxGpusPerNode || pod.gpu_milli < 0 ||
+        if (pod.gpus < 0 || pod.gpus > kMostGpusPerNode || pod.gpu_milli < 0 ||
             pod.gpu_milli > kMilli || pod.cpu_milli < 0 || pod.memory_mib < 0) {
           broken("a pod out of range was read");
         }
       }
     } else {
       for (const NodeSpec& node : read_nodes(file.path())) {
-        if (node.gpus < 0 || node.gpus > kMaxGpusPerNode || node.cpu_milli < 0 ||
+        if (node.gpus < 0 || node.gpus > kMostGpusPerNode || node.cpu_milli < 0 ||
             node.memory_mib < 0 || (node.gpus > 0 && node.model.empty())) {
           broken("a node out of range was read");
         }

@@ -46,9 +46,9 @@ void check_arguments(const RunOptions& options, std::uint64_t& memory_limit) {
   if (options.cores && (*options.cores < 1 || *options.cores > 100)) {
     throw UsageError(fmt::format("--cores {} must be a percentage from 1 to 100", *options.cores));
   }
-  if (options.device && (*options.device < 0 || *options.device >= kMaxDevices)) {
+  if (options.device && (*options.device < 0 || *options.device >= kMostDevices)) {
     throw UsageError(
-        fmt::format("--device {} is out of range (0 to {})", *options.device, kMaxDevices - 1));
+        fmt::format("--device {} is out of range (0 to {})", *options.device, kMostDevices - 1));
   }
   if (!options.group.empty() && !valid_group_name(options.group)) {
     throw UsageError(fmt::format("--group '{}' must be 1 to 63 letters, digits, '-', '_' or '.'",
@@ -119,11 +119,11 @@ int run_command(const RunOptions& options) {
   // The group's limits in the environment too (the hook holds a process to the lower of these
   // and the ledger's), through the one writer of their form.
   char memory[512], shares[512];
-  std::uint64_t percent[kMaxDevices];
-  for (int device = 0; device < kMaxDevices; ++device)
+  std::uint64_t percent[kMostDevices];
+  for (int device = 0; device < kMostDevices; ++device)
     percent[device] = spec.limits.core_percent[device];
-  format_limit_list(spec.limits.memory_bytes, kMaxDevices, memory, sizeof memory);
-  format_limit_list(percent, kMaxDevices, shares, sizeof shares);
+  format_limit_list(spec.limits.memory_bytes, kMostDevices, memory, sizeof memory);
+  format_limit_list(percent, kMostDevices, shares, sizeof shares);
   if (memory[0] != '\0') setenv(contract::kMemoryLimitVariable, memory, 1);
   if (shares[0] != '\0') setenv(contract::kCoreLimitVariable, shares, 1);
   if (options.burst) setenv(contract::kBurstVariable, "1", 1);
@@ -150,12 +150,12 @@ int run_command(const RunOptions& options) {
   while (waitpid(child_pid, &status, 0) < 0 && errno == EINTR) {
   }
 
-  ledger::DeviceUsage usage[kMaxDevices];
-  for (int device = 0; device < kMaxDevices; ++device) usage[device] = ledger.usage(device);
+  ledger::DeviceUsage usage[kMostDevices];
+  for (int device = 0; device < kMostDevices; ++device) usage[device] = ledger.usage(device);
   if (const char* damage = ledger.damage(); damage != nullptr) {
     fmt::print(stderr, "tessera: group {}: {}; its usage is unknown\n", group, damage);
   } else if (options.summary) {
-    for (int device = 0; device < kMaxDevices; ++device) {
+    for (int device = 0; device < kMostDevices; ++device) {
       const ledger::DeviceUsage& used = usage[device];
       if (used.peak == 0 && used.rejections == 0 && (options.device || device > 0)) continue;
       fmt::print(stderr, "tessera: group {} device {}: limit {}, peak {}, refused {}\n", group,

@@ -34,7 +34,7 @@ nlohmann::json snapshot(const std::string& directory) {
     }
     const int members = ledger.live_members();
     nlohmann::json group_rows = nlohmann::json::array();
-    for (int device = 0; device < kMaxDevices; ++device) {
+    for (int device = 0; device < kMostDevices; ++device) {
       const ledger::DeviceUsage usage = ledger.usage(device);
       if (usage.limit == kUnlimited && usage.peak == 0 && usage.cores == 0 && usage.held_ns == 0 &&
           (ledger.group_priority() == Priority::none || device > 0)) {

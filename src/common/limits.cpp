@@ -45,7 +45,7 @@ bool parse_device_index(std::string_view text, int& device) {
     if (c < '0' || c > '9') return false;
     device = device * 10 + (c - '0');
   }
-  return device < kMaxDevices;
+  return device < kMostDevices;
 }
 
 bool parse_positive_size(const char* variable, const char* value, std::string_view text,
@@ -111,7 +111,7 @@ bool parse_device_list(const LimitKind& kind, const char* variable, const char* 
   std::uint64_t parsed = 0;
   if (rest.find('=') == std::string_view::npos) {
     if (!kind.parse(variable, value, rest, parsed, error)) return false;
-    for (int device = 0; device < kMaxDevices; ++device) kind.apply(limits, device, parsed);
+    for (int device = 0; device < kMostDevices; ++device) kind.apply(limits, device, parsed);
     return true;
   }
   for (bool more = true; more;) {
@@ -124,7 +124,7 @@ bool parse_device_list(const LimitKind& kind, const char* variable, const char* 
     if (equals == std::string_view::npos || !parse_device_index(slice(item, 0, equals), device)) {
       return error.set("%s='%s': '%.*s' is not DEVICE=%s with DEVICE from 0 to %d", variable, value,
                        static_cast<int>(item.size()), item.data(), kind.value_name,
-                       kMaxDevices - 1);
+                       kMostDevices - 1);
     }
     if (!kind.parse(variable, value, slice(item, equals + 1), parsed, error)) return false;
     kind.apply(limits, device, parsed);
@@ -139,7 +139,7 @@ bool limits_from_environment(const LimitKind& kind, const char* const (&lists)[2
     const char* value = std::getenv(variable);
     if (value != nullptr && !parse_device_list(kind, variable, value, limits, error)) return false;
   }
-  for (int device = 0; device < kMaxDevices; ++device) {
+  for (int device = 0; device < kMostDevices; ++device) {
     char variable[48];
     std::snprintf(variable, sizeof variable, "%s_%d", per_device, device);
     const char* value = std::getenv(variable);
@@ -174,7 +174,7 @@ bool core_limits_from_environment(DeviceLimits& limits, ErrorText& error) {
 bool format_limit_list(const std::uint64_t* values, int count, char* out, std::size_t size) {
   if (size == 0) return false;
   out[0] = '\0';
-  bool every = count == kMaxDevices && values[0] != 0;
+  bool every = count == kMostDevices && values[0] != 0;
   for (int device = 1; every && device < count; ++device) every = values[device] == values[0];
   if (every) {  // the same for every device: the short form
     const int written =
@@ -182,7 +182,7 @@ bool format_limit_list(const std::uint64_t* values, int count, char* out, std::s
     return written >= 0 && static_cast<std::size_t>(written) < size;
   }
   std::size_t used = 0;
-  for (int device = 0; device < count && device < kMaxDevices; ++device) {
+  for (int device = 0; device < count && device < kMostDevices; ++device) {
     if (values[device] == 0) continue;
     const int written = std::snprintf(out + used, size - used, "%s%d=%llu", used == 0 ? "" : ",",
                                       device, static_cast<unsigned long long>(values[device]));

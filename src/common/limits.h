@@ -13,12 +13,12 @@
 
 namespace tessera {
 
-inline constexpr int kMaxDevices = 16;
+inline constexpr int kMostDevices = 16;
 inline constexpr std::uint64_t kUnlimited = 0;  // a limit of 0 means "none"
 
 struct DeviceLimits {
-  std::uint64_t memory_bytes[kMaxDevices] = {};  // kUnlimited where none applies
-  std::uint32_t core_percent[kMaxDevices] = {};  // 0 where no compute share applies
+  std::uint64_t memory_bytes[kMostDevices] = {};  // kUnlimited where none applies
+  std::uint32_t core_percent[kMostDevices] = {};  // 0 where no compute share applies
 
   // Lowers device's limit to bytes (a bytes of kUnlimited changes nothing).
   void tighten(int device, std::uint64_t bytes);
@@ -41,7 +41,7 @@ bool memory_limits_from_environment(DeviceLimits& limits, ErrorText& error);
 bool core_limits_from_environment(DeviceLimits& limits, ErrorText& error);
 
 // The form the readers above take: "0=V,1=V" for the first `count` values that are not 0
-// (none), "" if all are, and "V" when all kMaxDevices are V. False if it does not fit in `size`.
+// (none), "" if all are, and "V" when all kMostDevices are V. False if it does not fit in `size`.
 bool format_limit_list(const std::uint64_t* values, int count, char* out, std::size_t size);
 
 }  // namespace tessera

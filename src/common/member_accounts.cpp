@@ -28,7 +28,7 @@ void initialize_accounts(SharedAccounts& accounts) {
 }
 
 bool accounts_look_valid(const SharedAccounts& accounts, int& bad_slot) {
-  for (int slot = 0; slot < kMaxMembers; ++slot) {
+  for (int slot = 0; slot < kMostMembers; ++slot) {
     const std::uint32_t state = accounts.members[slot].state.load(std::memory_order_relaxed);
     if (state != kMemberFree && state != kMemberLive) {
       bad_slot = slot;
@@ -64,7 +64,7 @@ bool MemberAccounts::lock() NO_THREAD_SAFETY_ANALYSIS {
 
 bool MemberAccounts::sound_locked(int device) {
   const std::uint32_t bound = accounts_->slot_bound.load(std::memory_order_relaxed);
-  if (bound > kMaxMembers || (my_slot_ >= 0 && static_cast<std::uint32_t>(my_slot_) >= bound)) {
+  if (bound > kMostMembers || (my_slot_ >= 0 && static_cast<std::uint32_t>(my_slot_) >= bound)) {
     damage_ = "its bound on the member slots in use was written over";
     return false;
   }
@@ -91,7 +91,7 @@ bool MemberAccounts::sound_locked(int device) {
       return false;
     }
     // The device this step touches (each device is checked when it is touched), or all.
-    const int first = device >= 0 ? device : 0, last = device >= 0 ? device : kMaxDevices - 1;
+    const int first = device >= 0 ? device : 0, last = device >= 0 ? device : kMostDevices - 1;
     for (int d = first; d <= last; ++d) {
       if (me.used[d].load(std::memory_order_relaxed) != my_used_[d]) {
         damage_ = "this member's counters were changed by something else";
@@ -121,7 +121,7 @@ void MemberAccounts::for_each_live_locked(Visit visit) {
 void MemberAccounts::reap_dead_locked() {
   for_each_live_locked([this](int slot, MemberAccount& member) {
     if (slot == my_slot_ || liveness_lock_held_by_other(fd_, lock_base_ + slot)) return;
-    for (int device = 0; device < kMaxDevices; ++device) {
+    for (int device = 0; device < kMostDevices; ++device) {
       const std::uint64_t held = member.used[device].exchange(0, std::memory_order_relaxed);
       accounts_->used[device].fetch_sub(held, std::memory_order_relaxed);
     }
@@ -134,7 +134,7 @@ void MemberAccounts::reap_dead_locked() {
 
 void MemberAccounts::lower_slot_bound_locked() {
   std::uint32_t bound = accounts_->slot_bound.load(std::memory_order_relaxed);
-  if (bound > kMaxMembers) return;  // written over: left for sound_locked to call damage
+  if (bound > kMostMembers) return;  // written over: left for sound_locked to call damage
   while (bound > 0 &&
          accounts_->members[bound - 1].state.load(std::memory_order_relaxed) == kMemberFree) {
     --bound;
@@ -143,13 +143,13 @@ void MemberAccounts::lower_slot_bound_locked() {
 }
 
 void MemberAccounts::rebuild_totals_locked() {
-  std::uint64_t totals[kMaxDevices] = {};
+  std::uint64_t totals[kMostDevices] = {};
   for_each_live_locked([&totals](int, const MemberAccount& member) {
-    for (int device = 0; device < kMaxDevices; ++device) {
+    for (int device = 0; device < kMostDevices; ++device) {
       totals[device] += member.used[device].load(std::memory_order_relaxed);
     }
   });
-  for (int device = 0; device < kMaxDevices; ++device) {
+  for (int device = 0; device < kMostDevices; ++device) {
     accounts_->used[device].store(totals[device], std::memory_order_relaxed);
   }
 }
@@ -161,7 +161,7 @@ bool MemberAccounts::join(ErrorText& error) {
                      damage_ != nullptr ? damage_ : "are locked by a member that does not let go");
   }
   reap_dead_locked();
-  for (int slot = 0; slot < kMaxMembers; ++slot) {
+  for (int slot = 0; slot < kMostMembers; ++slot) {
     MemberAccount& member = accounts_->members[slot];
     if (member.state.load(std::memory_order_relaxed) != kMemberFree) continue;
     if (!take_liveness_lock(fd_, lock_base_ + slot)) continue;
@@ -177,14 +177,14 @@ bool MemberAccounts::join(ErrorText& error) {
     return true;
   }
   unlock();
-  return error.set("all %d member slots are held by live processes", kMaxMembers);
+  return error.set("all %d member slots are held by live processes", kMostMembers);
 }
 
 void MemberAccounts::leave() {
   if (my_slot_ < 0) return;
   MemberAccount& member = accounts_->members[my_slot_];
   if (checked_lock(-1)) {
-    for (int device = 0; device < kMaxDevices; ++device) {
+    for (int device = 0; device < kMostDevices; ++device) {
       const std::uint64_t held = member.used[device].exchange(0, std::memory_order_relaxed);
       accounts_->used[device].fetch_sub(held, std::memory_order_relaxed);
     }

@@ -27,25 +27,25 @@
 
 namespace tessera {
 
-inline constexpr int kMaxMembers = 256;
+inline constexpr int kMostMembers = 256;
 
 struct MemberAccount {
   std::atomic<std::uint32_t> state;  // kMemberFree or kMemberLive
   std::int32_t pid;                  // for display only; liveness is the lock
-  std::atomic<std::uint64_t> used[kMaxDevices];
+  std::atomic<std::uint64_t> used[kMostDevices];
 };
 
 struct SharedAccounts {
   alignas(64) RobustMutex lock;
-  alignas(64) std::atomic<std::uint64_t> used[kMaxDevices];  // sum over live members
-  std::atomic<std::uint64_t> peak[kMaxDevices];
-  std::atomic<std::uint64_t> rejections[kMaxDevices];
+  alignas(64) std::atomic<std::uint64_t> used[kMostDevices];  // sum over live members
+  std::atomic<std::uint64_t> peak[kMostDevices];
+  std::atomic<std::uint64_t> rejections[kMostDevices];
   std::atomic<std::uint64_t> members_reclaimed;
   std::atomic<std::uint64_t> lock_recoveries;
-  // Every live member's slot lies below this (at most kMaxMembers): each locked step checks
+  // Every live member's slot lies below this (at most kMostMembers): each locked step checks
   // only those slots, so its cost follows the members there are, not the slots there could be.
   std::atomic<std::uint32_t> slot_bound;
-  MemberAccount members[kMaxMembers];
+  MemberAccount members[kMostMembers];
 };
 
 struct AccountsUsage {
@@ -63,7 +63,7 @@ bool accounts_look_valid(const SharedAccounts& accounts, int& bad_slot);
 class MemberAccounts {
  public:
   // Several accounts may share one file: each then names its own range of liveness locks,
-  // `lock_base` upward (kMaxMembers of them).
+  // `lock_base` upward (kMostMembers of them).
   void attach(SharedAccounts* accounts, int fd, int lock_base = 0) {
     accounts_ = accounts;
     fd_ = fd;
@@ -114,7 +114,7 @@ class MemberAccounts {
   // larger bound damage; recovery from a dead owner runs before that check).
   int slots_locked() const {
     const std::uint32_t bound = accounts_->slot_bound.load(std::memory_order_relaxed);
-    return bound < kMaxMembers ? static_cast<int>(bound) : kMaxMembers;
+    return bound < kMostMembers ? static_cast<int>(bound) : kMostMembers;
   }
   // Calls visit(slot, member) for each live member below the bound.
   template <typename Visit>
@@ -127,7 +127,7 @@ class MemberAccounts {
   int fd_ = -1;
   int lock_base_ = 0;
   int my_slot_ = -1;
-  std::uint64_t my_used_[kMaxDevices] = {};  // what this member holds, as it knows it
+  std::uint64_t my_used_[kMostDevices] = {};  // what this member holds, as it knows it
   const char* damage_ = nullptr;
 };
 

@@ -233,7 +233,7 @@ struct GuardedRange {
   std::atomic<std::uintptr_t> base{0};
   std::atomic<std::size_t> size{0};
 };
-// A ledger and up to kMaxDevices coordination files per process, and room beside.
+// A ledger and up to kMostDevices coordination files per process, and room beside.
 constexpr int kGuardedRanges = 40;
 constexpr std::uintptr_t kClaimed = 1;
 GuardedRange guarded[kGuardedRanges];

@@ -12,7 +12,7 @@ namespace {
 
 std::string list_of(const std::vector<std::uint64_t>& values) {
   char text[16 * 32];
-  if (values.size() > static_cast<std::size_t>(kMaxDevices) ||
+  if (values.size() > static_cast<std::size_t>(kMostDevices) ||
       !format_limit_list(values.data(), static_cast<int>(values.size()), text, sizeof text)) {
     throw std::invalid_argument(fmt::format("limits for {} devices", values.size()));
   }

@@ -97,8 +97,8 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       throw std::runtime_error(fmt::format(
           "sharing '{}' is not none, slices, timeslice, mps or mig", mode.substr(0, 40)));
     }
-    if (info.spec.gpus == kMaxGpusPerNode) {
-      throw std::runtime_error(fmt::format("more than {} GPUs", kMaxGpusPerNode));
+    if (info.spec.gpus == kMostGpusPerNode) {
+      throw std::runtime_error(fmt::format("more than {} GPUs", kMostGpusPerNode));
     }
     const std::string model = model_of(gpu);
     // A node's GPUs are described by the first one's model (the engine holds one a node).
@@ -148,7 +148,7 @@ NodeInfo node_from_json(const nlohmann::json& node) {
       gpus_from_list(gpus, info);
     } else {  // the first format: every GPU alike
       info.spec.model = model_of(gpus);
-      info.spec.gpus = static_cast<int>(integer_field(gpus, "count", 0, kMaxGpusPerNode));
+      info.spec.gpus = static_cast<int>(integer_field(gpus, "count", 0, kMostGpusPerNode));
       info.gpu_memory_mib = integer_field(gpus, "memory_mib", 1, kMostCount);
     }
   } catch (const std::exception& error) {

@@ -19,8 +19,8 @@
 namespace tessera::extender {
 
 using sched::Cluster;
-using sched::kMaxGpusPerNode;
 using sched::kMilli;
+using sched::kMostGpusPerNode;
 using sched::NodeSpec;
 using sched::PodSpec;
 using sched::Request;
@@ -31,7 +31,7 @@ using kube::pod_from_json;
 using kube::PodRequest;
 using kube::RecordedAssignment;
 
-static_assert(kube::kMostGpusPerNode == kMaxGpusPerNode);
+static_assert(kube::kMostGpusPerNode == kMostGpusPerNode);
 
 using contract::kAssignmentAnnotation;
 using contract::kGpusAnnotation;

@@ -69,7 +69,7 @@ template <typename Create, typename Destroy>
 CUresult create_context(CUdevice device, std::uint64_t& charged, Create create, Destroy destroy) {
   charged = 0;
   Hook& state = hook();
-  if (!state.accounting || device < 0 || device >= kMaxDevices) return create();
+  if (!state.accounting || device < 0 || device >= kMostDevices) return create();
   const std::uint64_t learned = state.ledger.context_estimate(device);
   const std::uint64_t configured = configured_context_memory();
   const std::uint64_t estimate = learned > configured ? learned : configured;
@@ -187,7 +187,7 @@ HOOK_EXPORT CUresult cuCtxDestroy_v2(CUcontext context) {
 
 HOOK_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice device) {
   HOOK_ENTER();
-  if (!state.accounting || device < 0 || device >= tessera::kMaxDevices) {
+  if (!state.accounting || device < 0 || device >= tessera::kMostDevices) {
     return state.real.cuDevicePrimaryCtxRetain(pctx, device);
   }
   bool first = false;
@@ -220,7 +220,8 @@ HOOK_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice device) 
 HOOK_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   HOOK_ENTER();
   const CUresult result = state.real.cuDevicePrimaryCtxRelease_v2(device);
-  if (result != CUDA_SUCCESS || !state.accounting || device < 0 || device >= tessera::kMaxDevices) {
+  if (result != CUDA_SUCCESS || !state.accounting || device < 0 ||
+      device >= tessera::kMostDevices) {
     return result;
   }
   bool last = false;
@@ -235,7 +236,7 @@ HOOK_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
 HOOK_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
   HOOK_ENTER();
   const CUresult result = state.real.cuDevicePrimaryCtxReset_v2(device);
-  if (result == CUDA_SUCCESS && state.accounting && device >= 0 && device < tessera::kMaxDevices) {
+  if (result == CUDA_SUCCESS && state.accounting && device >= 0 && device < tessera::kMostDevices) {
     end_primary(device);
   }
   return result;

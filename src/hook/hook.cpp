@@ -282,7 +282,7 @@ void initialize() {
   }
   if (state.accounting) {
     state.compute_limited = state.priority != Priority::none;
-    for (int device = 0; device < kMaxDevices; ++device) {
+    for (int device = 0; device < kMostDevices; ++device) {
       state.compute_limited = state.compute_limited || state.ledger.effective_cores(device) != 0;
     }
   }
@@ -392,7 +392,7 @@ constexpr std::uint64_t kCoordinationRetryNs = 100'000'000;
 
 ledger::Demand* coordination(int device) {
   Hook& state = hook();
-  if (device < 0 || device >= kMaxDevices || state.ledger_path[0] == '\0') return nullptr;
+  if (device < 0 || device >= kMostDevices || state.ledger_path[0] == '\0') return nullptr;
   DeviceCoordination& entry = state.coordination[device];
   const int known = entry.state.load(std::memory_order_acquire);
   if (known == kOpen && entry.demand.intact()) return &entry.demand;
@@ -433,7 +433,7 @@ void format_gpu_uuid(const CUuuid& uuid, char (&text)[64]) {
 
 bool charge(int device, std::uint64_t bytes) {
   Hook& state = hook();
-  if (!state.accounting || device < 0 || device >= kMaxDevices || bytes == 0) return true;
+  if (!state.accounting || device < 0 || device >= kMostDevices || bytes == 0) return true;
   if (!state.ledger.joined()) {  // a forked child joins on its first charge
     ErrorText error;
     if (!state.ledger.join(error)) {
@@ -457,7 +457,7 @@ bool charge(int device, std::uint64_t bytes) {
 
 void uncharge(int device, std::uint64_t bytes) {
   Hook& state = hook();
-  if (!state.accounting || device < 0 || device >= kMaxDevices || bytes == 0) return;
+  if (!state.accounting || device < 0 || device >= kMostDevices || bytes == 0) return;
   state.ledger.release(device, bytes);
 }
 

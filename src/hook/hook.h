@@ -108,7 +108,7 @@ struct Hook {
     CUcontext context;
     int retains;
     std::uint64_t charged;
-  } primary[kMaxDevices] GUARDED_BY(table_lock);
+  } primary[kMostDevices] GUARDED_BY(table_lock);
 
   bool compute_limited;  // a compute share or a priority applies: launches are governed
   bool burst;            // the ledger's or the environment's word: use time no other group wants
@@ -118,7 +118,7 @@ struct Hook {
   // coordination files are (contract/layout.h); empty for a private ledger or none.
   char ledger_path[4096];
   std::uint64_t group_identity;  // this group's, in coordination files
-  DeviceCoordination coordination[kMaxDevices];
+  DeviceCoordination coordination[kMostDevices];
 };
 
 // The initialised hook; the first call in the process initialises it.

@@ -278,7 +278,7 @@ template <typename Launch>
 CUresult governed(std::uint64_t key, CUstream stream, bool per_thread, Launch launch) {
   Hook& state = hook();
   const int device = current_device();
-  if (device < 0 || device >= kMaxDevices) return launch();
+  if (device < 0 || device >= kMostDevices) return launch();
   const std::uint32_t share = state.ledger.effective_cores(device);
   if (share == 0 && state.priority == Priority::none) return launch();
   if (captured(state, stream, per_thread)) return launch();

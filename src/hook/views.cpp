@@ -19,7 +19,7 @@ struct View {
 // Narrows a physical view of `device` to the group's; false if no limit applies.
 bool group_view(int device, std::uint64_t physical_total, std::uint64_t physical_free, View& view) {
   Hook& state = hook();
-  if (!state.accounting || device < 0 || device >= kMaxDevices) return false;
+  if (!state.accounting || device < 0 || device >= kMostDevices) return false;
   const ledger::DeviceUsage usage = state.ledger.usage(device);
   if (usage.limit == kUnlimited) return false;
   view.total = usage.limit < physical_total ? usage.limit : physical_total;
@@ -37,7 +37,7 @@ int ordinal_of(nvmlDevice_t nvml_device) {
   if (state.real.cuInit(0) != CUDA_SUCCESS) return -1;
   int count = 0;
   state.real.cuDeviceGetCount(&count);
-  for (int ordinal = 0; ordinal < count && ordinal < kMaxDevices; ++ordinal) {
+  for (int ordinal = 0; ordinal < count && ordinal < kMostDevices; ++ordinal) {
     CUuuid uuid{};
     if (state.real.cuDeviceGetUuid(&uuid, ordinal) != CUDA_SUCCESS) continue;
     char text[64];
@@ -65,7 +65,8 @@ HOOK_EXPORT CUresult cuMemGetInfo_v2(std::size_t* free, std::size_t* total) {
 HOOK_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t* bytes, CUdevice device) {
   HOOK_ENTER();
   const CUresult result = state.real.cuDeviceTotalMem_v2(bytes, device);
-  if (result != CUDA_SUCCESS || !state.accounting || device < 0 || device >= tessera::kMaxDevices) {
+  if (result != CUDA_SUCCESS || !state.accounting || device < 0 ||
+      device >= tessera::kMostDevices) {
     return result;
   }
   const std::uint64_t limit = state.ledger.effective_limit(device);
@@ -117,12 +118,12 @@ HOOK_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
   unsigned found = 512;
   const nvmlReturn_t result = query(device, &found, all);
   if (result != NVML_SUCCESS) return result;
-  std::int32_t members[tessera::kMaxMembers];
-  const int member_count = state.ledger.live_pids(members, tessera::kMaxMembers);
+  std::int32_t members[tessera::kMostMembers];
+  const int member_count = state.ledger.live_pids(members, tessera::kMostMembers);
   unsigned kept = 0;
   for (unsigned i = 0; i < found; ++i) {
     bool in_group = false;
-    for (int m = 0; m < member_count && m < tessera::kMaxMembers; ++m) {
+    for (int m = 0; m < member_count && m < tessera::kMostMembers; ++m) {
       in_group = in_group || static_cast<unsigned>(members[m]) == all[i].pid;
     }
     if (in_group) all[kept++] = all[i];

@@ -19,12 +19,12 @@ void initialize_file(void* base, const void* context) {
   std::memcpy(file->magic, kMagic, sizeof kMagic);
   file->version = kFormatVersion;
   file->file_bytes = sizeof(LedgerFile);
-  file->max_devices = kMaxDevices;
-  file->max_members = kMaxMembers;
+  file->max_devices = kMostDevices;
+  file->max_members = kMostMembers;
   std::strncpy(file->group_name, spec.name, sizeof file->group_name - 1);
   file->priority = static_cast<std::uint32_t>(spec.priority);
   file->burst = spec.burst ? 1 : 0;
-  for (int device = 0; device < kMaxDevices; ++device) {
+  for (int device = 0; device < kMostDevices; ++device) {
     file->memory_limit[device] = spec.limits.memory_bytes[device];
     file->core_percent[device] = spec.limits.core_percent[device];
   }
@@ -57,8 +57,8 @@ bool Ledger::validate(const char* path, ErrorText& error) const {
     return error.set("%s: ledger format version %u; this Tessera reads version %u", path,
                      file_->version, kFormatVersion);
   }
-  if (file_->file_bytes != sizeof(LedgerFile) || file_->max_devices != kMaxDevices ||
-      file_->max_members != kMaxMembers) {
+  if (file_->file_bytes != sizeof(LedgerFile) || file_->max_devices != kMostDevices ||
+      file_->max_members != kMostMembers) {
     return error.set("%s: ledger geometry does not match this Tessera build", path);
   }
   if (file_->checksum != header_checksum(*file_)) {
@@ -90,7 +90,7 @@ bool Ledger::attach(const char* path, ErrorText& error) {
     close();
     return false;
   }
-  for (int device = 0; device < kMaxDevices; ++device) {
+  for (int device = 0; device < kMostDevices; ++device) {
     file_limits_.memory_bytes[device] = file_->memory_limit[device];
     file_limits_.core_percent[device] = file_->core_percent[device];
   }
@@ -122,7 +122,7 @@ bool Ledger::create_or_open(const char* path, const GroupSpec& spec, ErrorText& 
     return error.set("%s: group exists %s bursting; this run asks %s", path,
                      existing ? "with" : "without", spec.burst ? "for it" : "for none");
   }
-  for (int device = 0; device < kMaxDevices; ++device) {
+  for (int device = 0; device < kMostDevices; ++device) {
     if (file_->core_percent[device] != spec.limits.core_percent[device]) {
       const unsigned existing = file_->core_percent[device];
       close();

@@ -36,21 +36,21 @@ struct LedgerFile {
   std::uint32_t max_devices;
   std::uint32_t max_members;
   char group_name[64];
-  std::uint64_t memory_limit[kMaxDevices];  // kUnlimited where none
-  std::uint32_t core_percent[kMaxDevices];  // compute share; 0 where none
-  std::uint32_t priority;                   // a Priority
-  std::uint32_t burst;                      // 1: may use device time no other group wants
+  std::uint64_t memory_limit[kMostDevices];  // kUnlimited where none
+  std::uint32_t core_percent[kMostDevices];  // compute share; 0 where none
+  std::uint32_t priority;                    // a Priority
+  std::uint32_t burst;                       // 1: may use device time no other group wants
   std::uint64_t checksum;
 
   // What a context was last measured to cost on each device: members charge this before
   // creating one, so the group is not over its limit while a context comes up.
-  std::atomic<std::uint64_t> context_bytes[kMaxDevices];
+  std::atomic<std::uint64_t> context_bytes[kMostDevices];
   // The group's pacing clock per device: when the device time it has been granted so far
   // will have been earned at its share (CLOCK_MONOTONIC ns). Shared by all members.
-  std::atomic<std::uint64_t> compute_clock_ns[kMaxDevices];
-  std::atomic<std::uint64_t> throttled_ns[kMaxDevices];    // time members waited for it
-  std::atomic<std::uint64_t> held_ns[kMaxDevices];         // time low-priority launches gave way
-  std::atomic<std::uint64_t> device_time_ns[kMaxDevices];  // device time granted to members
+  std::atomic<std::uint64_t> compute_clock_ns[kMostDevices];
+  std::atomic<std::uint64_t> throttled_ns[kMostDevices];    // time members waited for it
+  std::atomic<std::uint64_t> held_ns[kMostDevices];         // time low-priority launches gave way
+  std::atomic<std::uint64_t> device_time_ns[kMostDevices];  // device time granted to members
   SharedAccounts accounts;
 };
 

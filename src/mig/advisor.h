@@ -1,6 +1,7 @@
-// Which MIG layout fits a workload mix best (the seeds' selection guide, made a calculation):
-// jobs by the memory and compute slices each needs, placed on the layouts a GPU model allows,
-// GPU after GPU, so that the most jobs run; what each layout leaves unused is said.
+// Which MIG layout fits a workload mix best (the GPU-sharing guide's selection advice, made a
+// calculation; docs/mig.md): jobs by the memory and compute slices each needs, placed on the
+// layouts a GPU model allows, GPU after GPU, so that the most jobs run; what each layout leaves
+// unused is said.
 #pragma once
 
 #include <cstdint>

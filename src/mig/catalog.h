@@ -1,4 +1,4 @@
-// MIG profiles per GPU model: what `nvidia-smi mig -lgip` and `-lgipp` show (REFERENCE.md §3).
+// MIG profiles per GPU model: what `nvidia-smi mig -lgip` and `-lgipp` show (docs/mig.md).
 // The built-in catalog serves offline planning; on a machine with GPUs the catalog is read
 // from NVML (nvml_catalog.h), and on the simulated GPU the two must agree.
 //

@@ -30,7 +30,7 @@ enum class SharingStrategy { none, time_slicing, mps, slices };
 
 const char* mig_strategy_name(MigStrategy strategy);
 const char* sharing_strategy_name(SharingStrategy strategy);  // as GFD's label says it
-const char* sharing_label(SharingStrategy strategy);          // the seeds' nvidia.com/gpu.sharing
+const char* sharing_label(SharingStrategy strategy);  // nvidia.com/gpu.sharing (docs/kubernetes.md)
 
 // Which GPUs a shared resource covers: all of them, the first `count`, or a list of GPU
 // indices, MIG indices ("0:1") and UUIDs (GPU-..., MIG-...).

@@ -483,12 +483,12 @@ const char* mig_strategy_name(MigStrategy strategy) {
 
 namespace {
 
-// Each sharing strategy in GFD's words (nvidia.com/gpu.sharing-strategy) and the seeds'
-// (nvidia.com/gpu.sharing).
+// Each sharing strategy in GFD's words (nvidia.com/gpu.sharing-strategy) and in the GPU-sharing
+// guide's label (nvidia.com/gpu.sharing); both in docs/kubernetes.md.
 struct SharingNames {
   SharingStrategy strategy;
   const char* gfd;
-  const char* seeds;
+  const char* guide;
 };
 constexpr SharingNames kSharingNames[] = {
     {SharingStrategy::none, "none", "none"},
@@ -511,7 +511,7 @@ const char* sharing_strategy_name(SharingStrategy strategy) {
 }
 
 const char* sharing_label(SharingStrategy strategy) {
-  return sharing_names(strategy).seeds;
+  return sharing_names(strategy).guide;
 }
 
 SharingStrategy PluginConfig::strategy() const {
@@ -544,7 +544,8 @@ PluginConfig parse_plugin_config(std::string_view text, const std::string& origi
   read_health(reader, root["health"], config);
   if (const YAML::Node sharing = root["sharing"]; !reader.is_absent(sharing)) {
     reader.expect_map(sharing, "sharing");
-    // `mig.strategy` under sharing is how the seeds' chapter writes flags.migStrategy.
+    // `mig.strategy` under sharing is how the GPU-sharing guide writes flags.migStrategy
+    // (docs/configuration.md).
     reader.check_keys(sharing, "sharing", {"timeSlicing", "mps", "slices", "mig"});
     config.time_slicing =
         shared_resources(reader, sharing["timeSlicing"], "sharing.timeSlicing", false);

@@ -294,7 +294,8 @@ void ContainerGrants::write_ledger(const std::string& id, const contract::OwnerR
   spec.name = name.c_str();
   spec.priority = grant.priority;
   spec.burst = grant.burst;
-  for (std::size_t i = 0; i < grant.gpus.size() && i < static_cast<std::size_t>(kMaxDevices); ++i) {
+  for (std::size_t i = 0; i < grant.gpus.size() && i < static_cast<std::size_t>(kMostDevices);
+       ++i) {
     spec.limits.memory_bytes[i] = grant.memory_bytes[i];
     spec.limits.core_percent[i] = static_cast<std::uint32_t>(grant.cores[i]);
   }

@@ -1,5 +1,5 @@
 // What the node agent tells the cluster about its GPUs: labels as gpu-feature-discovery
-// writes them (REFERENCE.md §2), plus the seeds' nvidia.com/gpu.sharing, and the
+// writes them (docs/kubernetes.md), plus the GPU-sharing guide's nvidia.com/gpu.sharing, and the
 // tessera.io/gpus annotation the scheduler places fractional pods by.
 #pragma once
 

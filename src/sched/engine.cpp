@@ -17,9 +17,9 @@ namespace tessera::sched {
 namespace {
 
 // Normalisation constants of the FGD paper's simulator (its largest node specification).
-constexpr double kMaxSpecCpu = 128000;
-constexpr double kMaxSpecGpu = 8000;
-constexpr double kMaxScore = 100;
+constexpr double kLargestSpecCpu = 128000;
+constexpr double kLargestSpecGpu = 8000;
+constexpr double kTopScore = 100;
 
 const std::vector<std::pair<Policy, const char*>>& policy_names() {
   static const std::vector<std::pair<Policy, const char*>> names = {
@@ -159,8 +159,9 @@ Cluster::Cluster(const std::vector<NodeSpec>& specs) {
         slot->milli = static_cast<std::int16_t>(std::clamp(devices.milli, 1, kMilli));
       }
       // A GPU holds at most 7 devices, a node 16 GPUs.
-      constexpr int kMostDevices = 7 * kMaxGpusPerNode;
-      slot->total = static_cast<std::int16_t>(std::min(slot->total + devices.count, kMostDevices));
+      constexpr int kMostMigDevicesPerNode = 7 * kMostGpusPerNode;
+      slot->total =
+          static_cast<std::int16_t>(std::min(slot->total + devices.count, kMostMigDevicesPerNode));
       slot->free = slot->total;
     }
     for (int k = 0; k < node.mig_slots; ++k)
@@ -279,7 +280,7 @@ double Cluster::fragmentation(const Node& node) const {
   if (left == 0) return 0;
   // Memoised by what it depends on: model, CPU left and the GPUs' free milli (and whether
   // each may be shared) as a multiset.
-  std::int32_t sorted[kMaxGpusPerNode];
+  std::int32_t sorted[kMostGpusPerNode];
   for (int i = 0; i < node.gpus; ++i)
     sorted[i] = node.gpu_left[i] * 2 + ((node.whole_only >> i) & 1);
   std::sort(sorted, sorted + node.gpus);
@@ -366,7 +367,7 @@ Cluster::Score Cluster::fgd_score(const Node& node, const Request& request, Poli
   const double before = fragmented(node);
   auto rate = [&](double after) {
     const double gradient = before - after;  // fragmentation removed (negative: added)
-    return std::floor(sigmoid(gradient / 1000) * kMaxScore);
+    return std::floor(sigmoid(gradient / 1000) * kTopScore);
   };
   Score best;
   best.primary = -1e300;
@@ -406,35 +407,35 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
     case Policy::best_fit:
     case Policy::spread: {
       const double leftover =
-          (static_cast<double>(node.cpu_left - request.cpu_milli) / kMaxSpecCpu +
-           (static_cast<double>(node.gpu_milli_left()) - gpu_request) / kMaxSpecGpu) *
+          (static_cast<double>(node.cpu_left - request.cpu_milli) / kLargestSpecCpu +
+           (static_cast<double>(node.gpu_milli_left()) - gpu_request) / kLargestSpecGpu) *
           0.5;
       result.primary =
-          policy == Policy::best_fit ? std::floor((1 - leftover) * kMaxScore) : leftover;
+          policy == Policy::best_fit ? std::floor((1 - leftover) * kTopScore) : leftover;
       return result;
     }
     case Policy::dot_product: {
       // As the paper ran it: CPU and all GPUs merged into two dimensions, each normalised by
       // the largest node's capacity; a smaller product scores higher.
-      const double dot =
-          (static_cast<double>(node.cpu_left) / kMaxSpecCpu *
-               (static_cast<double>(request.cpu_milli) / kMaxSpecCpu) +
-           static_cast<double>(node.gpu_milli_left()) / kMaxSpecGpu * (gpu_request / kMaxSpecGpu)) /
-          2;
-      result.primary = std::floor((1 - dot) * kMaxScore);
+      const double dot = (static_cast<double>(node.cpu_left) / kLargestSpecCpu *
+                              (static_cast<double>(request.cpu_milli) / kLargestSpecCpu) +
+                          static_cast<double>(node.gpu_milli_left()) / kLargestSpecGpu *
+                              (gpu_request / kLargestSpecGpu)) /
+                         2;
+      result.primary = std::floor((1 - dot) * kTopScore);
       return result;
     }
     case Policy::gpu_packing: {
       if (request.gpus == 0) {  // MIG devices where their profile is most in use already
-        result.primary = request.mig_asks > 0 ? mig_packing(node, request) * kMaxScore : 0;
+        result.primary = request.mig_asks > 0 ? mig_packing(node, request) * kTopScore : 0;
         return result;
       }
       const int free_gpus = node.fully_free_gpus();
       if (free_gpus == node.gpus) {  // an idle node: last resort
-        result.primary = std::max(std::floor(kMaxScore / 3) - free_gpus, double(free_gpus));
+        result.primary = std::max(std::floor(kTopScore / 3) - free_gpus, double(free_gpus));
         return result;
       }
-      int order[kMaxGpusPerNode];
+      int order[kMostGpusPerNode];
       for (int i = 0; i < node.gpus; ++i) order[i] = i;
       std::stable_sort(order, order + node.gpus,
                        [&](int a, int b) { return node.gpu_left[a] < node.gpu_left[b]; });
@@ -449,9 +450,9 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
         if (result.gpu < 0) result.gpu = i;
       }
       if (fresh > 0) {  // a free GPU on a used node
-        result.primary = std::max(std::floor(kMaxScore / 2) - fresh, std::floor(kMaxScore / 3));
+        result.primary = std::max(std::floor(kTopScore / 2) - fresh, std::floor(kTopScore / 3));
       } else {  // partly used GPUs
-        result.primary = std::max(kMaxScore - static_cast<double>(free_ratio / 10), kMaxScore / 2);
+        result.primary = std::max(kTopScore - static_cast<double>(free_ratio / 10), kTopScore / 2);
       }
       return result;
     }
@@ -460,7 +461,7 @@ Cluster::Score Cluster::score(const Node& node, const Request& request, Policy p
       int kinds = 0;
       for (int kind = 1; kind < 8; ++kind) kinds += node.running_by_kind[kind] > 0;
       const double base = std::floor(
-          25.0 * (kMaxSpecGpu - static_cast<double>(node.gpu_milli_left())) / kMaxSpecGpu);
+          25.0 * (kLargestSpecGpu - static_cast<double>(node.gpu_milli_left())) / kLargestSpecGpu);
       if (node.running_by_kind[request.kind] > 0) {
         result.primary = base + (kinds == 1 ? 75 : 50);
       } else {

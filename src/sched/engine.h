@@ -69,7 +69,7 @@ struct Node {
   std::int64_t cpu_total = 0;
   int gpus = 0;
   int model = -1;  // index into the cluster's models; -1 for a CPU-only node
-  std::int16_t gpu_left[kMaxGpusPerNode] = {};
+  std::int16_t gpu_left[kMostGpusPerNode] = {};
   std::uint16_t whole_only = 0;  // GPUs that take only whole-GPU requests (NodeSpec)
   int running_by_kind[8] = {};
   std::uint32_t version = 0;  // changes whenever the node's allocations do
@@ -91,7 +91,7 @@ struct Node {
 struct Placement {
   int node = -1;  // -1: nowhere fits
   int gpu_count = 0;
-  int gpu_index[kMaxGpusPerNode] = {};
+  int gpu_index[kMostGpusPerNode] = {};
 };
 
 // The target workload FGD measures fragmentation against: task classes by popularity.

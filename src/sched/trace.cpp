@@ -105,7 +105,7 @@ std::vector<NodeSpec> read_nodes(const std::string& path) {
     node.name = csv.text(0);
     node.cpu_milli = csv.number(1, 0, kLarge);
     node.memory_mib = csv.number(2, 0, kLarge);
-    node.gpus = static_cast<int>(csv.number(3, 0, kMaxGpusPerNode));
+    node.gpus = static_cast<int>(csv.number(3, 0, kMostGpusPerNode));
     node.model = csv.text(4);
     if (node.gpus > 0 && node.model.empty()) csv.fail(4, "a node with GPUs needs a model");
     nodes.push_back(std::move(node));
@@ -123,7 +123,7 @@ std::vector<PodSpec> read_pods(const std::string& path) {
     pod.name = csv.text(0);
     pod.cpu_milli = csv.number(1, 0, kLarge);
     pod.memory_mib = csv.number(2, 0, kLarge);
-    pod.gpus = static_cast<int>(csv.number(3, 0, kMaxGpusPerNode));
+    pod.gpus = static_cast<int>(csv.number(3, 0, kMostGpusPerNode));
     pod.gpu_milli = static_cast<int>(csv.number(4, 0, kMilli));
     if (pod.gpus > 1 && pod.gpu_milli != kMilli) {
       csv.fail(4, fmt::format("a pod with {} GPUs must ask for 1000 milli-GPU each, not {}",

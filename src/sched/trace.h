@@ -11,7 +11,7 @@
 namespace tessera::sched {
 
 inline constexpr int kMilli = 1000;  // milli-GPU in one GPU
-inline constexpr int kMaxGpusPerNode = 16;
+inline constexpr int kMostGpusPerNode = 16;
 
 // MIG devices of one profile on a node (the node agent's mixed strategy serves them by
 // profile, as nvidia.com/mig-<profile>).

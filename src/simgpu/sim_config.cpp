@@ -146,8 +146,8 @@ bool parse_machine_spec(const char* text, const char* origin, MachineSpec& spec,
     if (hash != std::string_view::npos) entry = slice(entry, 0, hash);
     trim(entry);
     if (entry.empty()) continue;
-    if (spec.device_count == kMaxDevices) {
-      return error.set("%s: more than %d devices", origin, kMaxDevices);
+    if (spec.device_count == kMostDevices) {
+      return error.set("%s: more than %d devices", origin, kMostDevices);
     }
     if (!parse_device(entry, origin, spec.device_count, spec.devices[spec.device_count], error)) {
       return false;

@@ -37,7 +37,7 @@ struct DeviceSpec {
 
 struct MachineSpec {
   int device_count = 0;
-  DeviceSpec devices[kMaxDevices] = {};
+  DeviceSpec devices[kMostDevices] = {};
 };
 
 // Parses a device list; `origin` names where it came from, for messages.

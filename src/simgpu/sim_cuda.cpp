@@ -124,18 +124,18 @@ int find_candidate(const char* item, const Candidate* candidates, int count) {
 // Visible devices: CUDA_VISIBLE_DEVICES lists ordinals or UUIDs (or prefixes); the list ends
 // at the first entry that names no device, or one already listed, as with the real driver.
 int parse_visible_devices(int* machine_index, DeviceSpec* visible) {
-  Candidate candidates[kMaxDevices * kMigSlots];
-  const int count = enumerate_devices(candidates, kMaxDevices * kMigSlots);
+  Candidate candidates[kMostDevices * kMigSlots];
+  const int count = enumerate_devices(candidates, kMostDevices * kMigSlots);
   const char* list = std::getenv("CUDA_VISIBLE_DEVICES");
   int shown = 0;
   if (list == nullptr) {
-    for (; shown < count && shown < kMaxDevices; ++shown) {
+    for (; shown < count && shown < kMostDevices; ++shown) {
       machine_index[shown] = candidates[shown].device;
       visible[shown] = candidates[shown].spec;
     }
     return shown;
   }
-  for (const char* cursor = list; *cursor != '\0' && shown < kMaxDevices;) {
+  for (const char* cursor = list; *cursor != '\0' && shown < kMostDevices;) {
     const char* end = std::strchr(cursor, ',');
     const std::size_t length = end ? static_cast<std::size_t>(end - cursor) : std::strlen(cursor);
     char item[96] = {};

@@ -23,7 +23,7 @@
 
 using namespace tessera::abi;
 using tessera::Immortal;
-using tessera::kMaxDevices;
+using tessera::kMostDevices;
 using tessera::LogLevel;
 using tessera::monotonic_ns;
 using tessera::sleep_until_ns;

@@ -102,15 +102,15 @@ extern Mutex driver_lock;
 struct Driver {
   bool initialized;
   int device_count;
-  int machine_index[kMaxDevices];   // ordinal -> simulated device (after CUDA_VISIBLE_DEVICES)
-  DeviceSpec visible[kMaxDevices];  // ordinal -> what it is (a MIG device: its instance's)
-  MpsClient mps;                    // attached to an MPS control daemon, or not
+  int machine_index[kMostDevices];   // ordinal -> simulated device (after CUDA_VISIBLE_DEVICES)
+  DeviceSpec visible[kMostDevices];  // ordinal -> what it is (a MIG device: its instance's)
+  MpsClient mps;                     // attached to an MPS control daemon, or not
   struct {
     Context* context;
     int retains;
-  } primary[kMaxDevices] GUARDED_BY(driver_lock);
-  Pool* default_pool[kMaxDevices] GUARDED_BY(driver_lock);
-  Pool* current_pool[kMaxDevices] GUARDED_BY(driver_lock);
+  } primary[kMostDevices] GUARDED_BY(driver_lock);
+  Pool* default_pool[kMostDevices] GUARDED_BY(driver_lock);
+  Pool* current_pool[kMostDevices] GUARDED_BY(driver_lock);
   HandleTable<Allocation> allocations GUARDED_BY(driver_lock);
   HandleTable<char> contexts GUARDED_BY(driver_lock);  // live Context* values
   HandleTable<char> pools GUARDED_BY(driver_lock);     // live Pool* values

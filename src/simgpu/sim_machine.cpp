@@ -46,7 +46,7 @@ void initialize_file(void* base, const void* context) {
 
 // Each GPU's instance accounts take their own range of liveness locks, after the machine's.
 int mig_lock_base(int gpu) {
-  return (1 + gpu) * kMaxMembers;
+  return (1 + gpu) * kMostMembers;
 }
 
 // The futex word in the low half of the events counter (x86-64 is little-endian).
@@ -99,14 +99,14 @@ bool Machine::attach(ErrorText& error) {
         "path or remove the file",
         path);
   }
-  for (int gpu = 0; gpu < kMaxDevices; ++gpu) {
+  for (int gpu = 0; gpu < kMostDevices; ++gpu) {
     if (!accounts_look_valid(file->mig_accounts[gpu], bad_slot)) {
       mapping_.close();
       return error.set("%s: not a simulated-GPU state file of this version", path);
     }
   }
   accounts_.attach(&file->accounts, mapping_.fd);
-  for (int gpu = 0; gpu < kMaxDevices; ++gpu) {
+  for (int gpu = 0; gpu < kMostDevices; ++gpu) {
     mig_accounts_[gpu].attach(&file->mig_accounts[gpu], mapping_.fd, mig_lock_base(gpu));
   }
   if (!accounts_.join(error)) {

@@ -114,11 +114,11 @@ struct MigState {
   MigGpuInstance instances[kMigSlots];
 };
 
-// CUDA memory and work land on a simulated device: a whole GPU (0 to kMaxDevices - 1) or a
+// CUDA memory and work land on a simulated device: a whole GPU (0 to kMostDevices - 1) or a
 // MIG GPU instance, numbered after them. The compute instances of one GPU instance share its
 // memory and, in the simulation, its timeline.
-inline constexpr int kMigDeviceBase = kMaxDevices;
-inline constexpr int kSimDevices = kMaxDevices + kMaxDevices * kMigSlots;
+inline constexpr int kMigDeviceBase = kMostDevices;
+inline constexpr int kSimDevices = kMostDevices + kMostDevices * kMigSlots;
 constexpr int mig_device_id(int gpu, int gi_slot) {
   return kMigDeviceBase + gpu * kMigSlots + gi_slot;
 }
@@ -151,12 +151,12 @@ struct MachineFile {
   RobustMutex events_lock;            // one raiser at a time (readers check sequences)
   DeviceEvent events[kDeviceEvents];  // a ring
   RobustMutex mig_lock;               // held briefly, by MIG calls only
-  MigState mig[kMaxDevices] GUARDED_BY(mig_lock);
+  MigState mig[kMostDevices] GUARDED_BY(mig_lock);
   // Per GPU, the bytes in use in each of its GPU instances, by instance slot.
-  SharedAccounts mig_accounts[kMaxDevices];
+  SharedAccounts mig_accounts[kMostDevices];
   // Per GPU, nvidia-smi compute-policy's time slice: 0 default, 1 short, 2 medium, 3 long.
   // Recorded only: the schedule's slice stays kTimeSliceNs (NVIDIA gives no lengths).
-  std::atomic<std::uint32_t> compute_timeslice[kMaxDevices];
+  std::atomic<std::uint32_t> compute_timeslice[kMostDevices];
 };
 
 // One piece of work in the device's record.
@@ -275,7 +275,7 @@ class Machine {
   std::int32_t group_ = 0;  // 0: the process is its own context
   std::uint32_t sm_permille_ = 1000;
   MemberAccounts accounts_;
-  MemberAccounts mig_accounts_[kMaxDevices];
+  MemberAccounts mig_accounts_[kMostDevices];
 };
 
 // The process's one machine (each simulated library has its own handle on the file).

@@ -30,7 +30,7 @@ bool parse_mps_memory(const char* text, std::uint64_t& bytes);
 struct MpsClientLimits {
   std::int32_t server = 0;  // the PID its kernels run under, beside the other clients'
   double thread_percentage = 100;
-  std::uint64_t pinned_bytes[kMaxDevices] = {};  // by device ordinal; 0: none
+  std::uint64_t pinned_bytes[kMostDevices] = {};  // by device ordinal; 0: none
 };
 
 }  // namespace tessera::sim

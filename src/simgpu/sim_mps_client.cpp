@@ -39,7 +39,7 @@ void apply_client_environment(MpsClientLimits& limits) {
         *equals = '\0';
         char* number_end = nullptr;
         const long ordinal = std::strtol(item, &number_end, 10);
-        if (number_end != item && *number_end == '\0' && ordinal >= 0 && ordinal < kMaxDevices &&
+        if (number_end != item && *number_end == '\0' && ordinal >= 0 && ordinal < kMostDevices &&
             parse_mps_memory(equals + 1, bytes) && bytes > 0) {
           std::uint64_t& limit = limits.pinned_bytes[ordinal];
           if (limit == 0 || bytes < limit) limit = bytes;
@@ -74,7 +74,7 @@ bool read_defaults(int fd, MpsClientLimits& limits) {
     } else if (std::sscanf(line, "threads %lf", &percent) == 1 && percent > 0 && percent <= 100) {
       limits.thread_percentage = percent;
     } else if (std::sscanf(line, "limit %d %llu", &ordinal, &bytes) == 2 && ordinal >= 0 &&
-               ordinal < kMaxDevices) {
+               ordinal < kMostDevices) {
       limits.pinned_bytes[ordinal] = bytes;
     }
   }

@@ -218,7 +218,8 @@ class Daemon {
       char* end = nullptr;
       const long device = std::strtol(words[1].c_str(), &end, 10);
       std::uint64_t bytes = 0;
-      if (end == words[1].c_str() || *end != '\0' || device < 0 || device >= tessera::kMaxDevices) {
+      if (end == words[1].c_str() || *end != '\0' || device < 0 ||
+          device >= tessera::kMostDevices) {
         return "Invalid device: " + words[1] + "\n";
       }
       if (!tessera::sim::parse_mps_memory(words[2].c_str(), bytes) || bytes == 0) {

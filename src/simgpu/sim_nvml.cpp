@@ -22,7 +22,7 @@ using tessera::sim::machine;
 namespace tessera::sim::nvml {
 
 // Device handles point into this array; the index is the machine device.
-char device_handles[tessera::kMaxDevices];
+char device_handles[tessera::kMostDevices];
 bool initialized = false;
 
 nvmlReturn_t device_index(nvmlDevice_t device, int& index) {
@@ -211,7 +211,7 @@ namespace {
 // device lists the processes in its GPU instance; a GPU, its own and every instance's.
 template <typename Info, typename Fill>
 nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* count, Info* infos, Fill fill) {
-  constexpr int kMost = tessera::kMaxMembers * (1 + tessera::sim::kMigSlots);
+  constexpr int kMost = tessera::kMostMembers * (1 + tessera::sim::kMigSlots);
   MigProcess found[kMost];
   int total = 0;
   if (is_mig_handle(device)) {
@@ -219,10 +219,10 @@ nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* count, Info* i
   } else {
     int index = 0;
     if (nvmlReturn_t status = device_index(device, index); status != NVML_SUCCESS) return status;
-    std::int32_t pids[tessera::kMaxMembers];
-    std::uint64_t used[tessera::kMaxMembers];
-    const int whole = machine().processes(index, pids, used, tessera::kMaxMembers);
-    for (; total < whole && total < tessera::kMaxMembers; ++total) {
+    std::int32_t pids[tessera::kMostMembers];
+    std::uint64_t used[tessera::kMostMembers];
+    const int whole = machine().processes(index, pids, used, tessera::kMostMembers);
+    for (; total < whole && total < tessera::kMostMembers; ++total) {
       found[total] = {static_cast<unsigned>(pids[total]), used[total], 0xFFFFFFFFu, 0xFFFFFFFFu};
     }
     total += mig_processes(device, index, found + total, kMost - total);
@@ -286,11 +286,11 @@ SIM_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
   }
   if (last_seen_us >= now_us) return NVML_ERROR_NOT_FOUND;
   const std::uint64_t from_ns = now_ns > window_us * 1000 ? now_ns - window_us * 1000 : 0;
-  std::int32_t pids[tessera::kMaxMembers];
-  std::uint64_t busy_ns[tessera::kMaxMembers];
+  std::int32_t pids[tessera::kMostMembers];
+  std::uint64_t busy_ns[tessera::kMostMembers];
   const int ran_count =
-      machine().busy_processes(index, from_ns, now_ns, pids, busy_ns, tessera::kMaxMembers);
-  nvmlProcessUtilizationSample_t found[tessera::kMaxMembers];
+      machine().busy_processes(index, from_ns, now_ns, pids, busy_ns, tessera::kMostMembers);
+  nvmlProcessUtilizationSample_t found[tessera::kMostMembers];
   unsigned ran = 0;
   for (int i = 0; i < ran_count; ++i) {
     const std::uint64_t percent = (busy_ns[i] * 100 + window_us * 500) / (window_us * 1000);
@@ -366,7 +366,7 @@ constexpr unsigned long long kSupportedEvents =
 // An event set: which events of which device it collects, and how far it has read the
 // machine's record of raised events (it sees those raised after it was made).
 struct tessera::abi::nvmlEventSet_st {
-  unsigned long long wanted[tessera::kMaxDevices];
+  unsigned long long wanted[tessera::kMostDevices];
   std::uint64_t next;
 };
 

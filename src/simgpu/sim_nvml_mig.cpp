@@ -44,9 +44,9 @@ nvmlReturn_t mig_table(nvmlDevice_t device, SimMigTable& table) {
 }
 
 // Handles: GPU instances, compute instances and MIG devices point into these arrays.
-char gi_handles[tessera::kMaxDevices][kMigSlots];
-char ci_handles[tessera::kMaxDevices][kMigSlots][kMigSlots];
-char mig_handles[tessera::kMaxDevices][kMigSlots][kMigSlots];
+char gi_handles[tessera::kMostDevices][kMigSlots];
+char ci_handles[tessera::kMostDevices][kMigSlots][kMigSlots];
+char mig_handles[tessera::kMostDevices][kMigSlots][kMigSlots];
 
 template <typename Array>
 bool decode(const void* handle, const Array& array, std::size_t per_device, std::size_t per_gi,
@@ -274,11 +274,11 @@ int mig_processes(nvmlDevice_t device, int gpu, MigProcess* out, int capacity) {
   int found = 0;
   for (int slot = 0; slot < kMigSlots; ++slot) {
     if (!wanted[slot]) continue;
-    std::int32_t pids[tessera::kMaxMembers];
-    std::uint64_t used[tessera::kMaxMembers];
+    std::int32_t pids[tessera::kMostMembers];
+    std::uint64_t used[tessera::kMostMembers];
     const int here = machine().processes(tessera::sim::mig_device_id(gpu, slot), pids, used,
-                                         tessera::kMaxMembers);
-    for (int i = 0; i < here && i < tessera::kMaxMembers; ++i, ++found) {
+                                         tessera::kMostMembers);
+    for (int i = 0; i < here && i < tessera::kMostMembers; ++i, ++found) {
       if (found < capacity) {
         out[found] = {static_cast<unsigned>(pids[i]), used[i], gi_ids[slot], ci_ids[slot]};
       }
