@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "sched/engine.h"
+#include "sched/trace.h"
 
 namespace {
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "sched/engine.h"
+#include "sched/trace.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/mutex.h"
-#include "sched/trace.h"
+#include "sched/model.h"
 
 namespace tessera::sched {
 
