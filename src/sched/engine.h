@@ -82,6 +82,10 @@ struct Node {
   const MigSlot* mig_slot(std::uint8_t profile) const;
   MigSlot* mig_slot(std::uint8_t profile);
   int fully_free_gpus() const;
+  // Whether a request limited to `models` (a bit per model index; 0: any) may use this node.
+  bool allows(std::uint64_t models) const {
+    return models == 0 || (model >= 0 && (models >> model) & 1u);
+  }
   // Whether GPU i can take `milli` of a request now: room, and sharing allowed for a part.
   bool takes(int i, int milli) const {
     return gpu_left[i] >= milli && (milli >= kMilli || ((whole_only >> i) & 1u) == 0);
