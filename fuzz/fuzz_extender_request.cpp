@@ -8,19 +8,20 @@
 
 #include "extender/extender.h"
 #include "fuzz_input.h"
+#include "kube/api_cluster.h"
 
 using namespace tessera::extender;
 using tessera::fuzz::broken;
-using tessera::kube::ApiClient;
 using tessera::kube::ApiClientOptions;
+using tessera::kube::ApiCluster;
 
 namespace {
 
 Extender& extender() {
   // Nothing listens there: filter and prioritize decide from the nodes in the body.
-  static Extender instance(
-      tessera::sched::Policy::fgd,
-      std::make_unique<ApiClient>(ApiClientOptions{.server = "http://127.0.0.1:9", .attempts = 1}));
+  static Extender instance(tessera::sched::Policy::fgd,
+                           std::make_unique<ApiCluster>(
+                               ApiClientOptions{.server = "http://127.0.0.1:9", .attempts = 1}));
   return instance;
 }
 

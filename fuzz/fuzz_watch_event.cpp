@@ -7,11 +7,12 @@
 
 #include "extender/extender.h"
 #include "fuzz_input.h"
+#include "kube/api_cluster.h"
 
 using namespace tessera::extender;
 using tessera::fuzz::broken;
-using tessera::kube::ApiClient;
 using tessera::kube::ApiClientOptions;
+using tessera::kube::ApiCluster;
 using tessera::kube::WatchEnd;
 
 namespace {
@@ -19,7 +20,7 @@ namespace {
 std::unique_ptr<Extender> fresh_extender() {
   return std::make_unique<Extender>(
       tessera::sched::Policy::fgd,
-      std::make_unique<ApiClient>(ApiClientOptions{.server = "http://127.0.0.1:9", .attempts = 1}),
+      std::make_unique<ApiCluster>(ApiClientOptions{.server = "http://127.0.0.1:9", .attempts = 1}),
       [](const std::string&) {});
 }
 

@@ -11,6 +11,7 @@
 
 #include "fake_cluster.h"
 #include "kube/api_client.h"
+#include "kube/api_cluster.h"
 #include "kube/lease.h"
 #include "kube/objects.h"
 #include "kube/reflector.h"
@@ -162,17 +163,18 @@ TEST(KubeReflector, AListIsHandedOverWholeOrRefusedWithAReason) {
   });
   const int port = server.bind_to_any_port("127.0.0.1");
   std::thread serving([&] { server.listen_after_bind(); });  // bound: connections queue
-  const ApiClient api({.server = "http://127.0.0.1:" + std::to_string(port), .attempts = 1});
+  const ApiCluster api({.server = "http://127.0.0.1:" + std::to_string(port), .attempts = 1});
   Seen seen;
   std::string version, error;
-  EXPECT_TRUE(list_collection(api, "/api/v1/pods", seen.handlers(), version, error)) << error;
+  EXPECT_TRUE(list_collection(api, Collection::all_pods(), seen.handlers(), version, error))
+      << error;
   EXPECT_EQ(version, "7");
   EXPECT_EQ(seen.calls, std::vector<std::string>{"list [1,2]"});
   answer = R"({"kind":"PodList","items":{}})";
-  EXPECT_FALSE(list_collection(api, "/api/v1/pods", seen.handlers(), version, error));
+  EXPECT_FALSE(list_collection(api, Collection::all_pods(), seen.handlers(), version, error));
   EXPECT_NE(error.find("no items array"), std::string::npos) << error;
   status = 403;
-  EXPECT_FALSE(list_collection(api, "/api/v1/pods", seen.handlers(), version, error));
+  EXPECT_FALSE(list_collection(api, Collection::all_pods(), seen.handlers(), version, error));
   EXPECT_NE(error.find("HTTP 403"), std::string::npos) << error;
   EXPECT_EQ(seen.calls.size(), 1u);  // nothing more was handed over
   server.stop();
@@ -196,7 +198,7 @@ LeaseSettings lease_for(const std::string& identity) {
 
 TEST(Lease, ARenewedLeaseIsNeverTakenAndAReleasedOneIsTakenAtOnce) {
   test::FakeCluster cluster;
-  const ApiClient api({.server = cluster.url()});
+  const ApiCluster api({.server = cluster.url()});
   LeaderElector first(api, lease_for("first")), second(api, lease_for("second"));
   ASSERT_TRUE(first.try_acquire_or_renew());
   // Past the lease's duration, as long as the holder renews, the other never takes it.
@@ -215,7 +217,7 @@ TEST(Lease, ARenewedLeaseIsNeverTakenAndAReleasedOneIsTakenAtOnce) {
 
 TEST(Lease, OfManyRacingForAFreeLeaseExactlyOneTakesIt) {
   test::FakeCluster cluster;
-  const ApiClient api({.server = cluster.url()});
+  const ApiCluster api({.server = cluster.url()});
   std::vector<std::unique_ptr<LeaderElector>> electors;
   for (int i = 0; i < 8; ++i) {
     electors.push_back(std::make_unique<LeaderElector>(api, lease_for("r" + std::to_string(i))));
@@ -231,7 +233,7 @@ TEST(Lease, OfManyRacingForAFreeLeaseExactlyOneTakesIt) {
 
 TEST(Lease, FollowingLeadsWhileTheHolderIsThisReplicaAndReportsAnUnreadableLease) {
   test::FakeCluster cluster;
-  const ApiClient api({.server = cluster.url()});
+  const ApiCluster api({.server = cluster.url()});
   auto follower = [&](const std::string& identity) {
     LeaseSettings settings = lease_for(identity);
     settings.follow = true;

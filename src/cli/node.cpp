@@ -17,7 +17,7 @@
 #include "cli/commands.h"
 #include "cli/environment.h"
 #include "cuda_abi/nvml_abi.h"
-#include "kube/api_client.h"
+#include "kube/api_cluster.h"
 #include "kube/objects.h"
 #include "node/agent.h"
 
@@ -106,7 +106,7 @@ int node_command(const NodeOptions& options) {
                               api, problem)) {
       throw std::runtime_error(problem);
     }
-    agent.api = std::make_unique<kube::ApiClient>(api);
+    agent.cluster = std::make_unique<kube::ApiCluster>(api);
   }
 
   std::signal(SIGPIPE, SIG_IGN);

@@ -19,7 +19,7 @@
 #include "cli/commands.h"
 #include "cli/serving_certificate.h"
 #include "extender/extender.h"
-#include "kube/api_client.h"
+#include "kube/api_cluster.h"
 #include "kube/lease.h"
 
 namespace tessera::cli {
@@ -142,13 +142,13 @@ int scheduler_command(const SchedulerOptions& options) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  extender::Extender extender(policy, std::make_unique<kube::ApiClient>(api), report);
+  extender::Extender extender(policy, std::make_unique<kube::ApiCluster>(api), report);
   std::string error;
   if (!extender.sync(error)) report(error + " (will retry)");
-  const kube::ApiClient election_api(api);
+  const kube::ApiCluster election_cluster(api);
   std::unique_ptr<kube::LeaderElector> elector;
   if (elects) {
-    elector = std::make_unique<kube::LeaderElector>(election_api, lease, report);
+    elector = std::make_unique<kube::LeaderElector>(election_cluster, lease, report);
     extender.bind_only_while([&elector] { return elector->leading(); });
   }
 

@@ -5,14 +5,11 @@
 #include <chrono>
 #include <optional>
 
-#include "contract/api_paths.h"
 #include "kube/json_input.h"
 
 namespace tessera::extender {
 
-using kube::ApiClient;
 using kube::ApiResponse;
-using kube::dump_outside_json;
 using kube::parse_outside_json;
 using kube::string_at;
 
@@ -20,16 +17,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string collection_path(Extender::Resource resource) {
-  return resource == Extender::Resource::nodes ? contract::api::nodes() : contract::api::pods();
+kube::Collection collection_of(Extender::Resource resource) {
+  return resource == Extender::Resource::nodes ? kube::Collection::all_nodes()
+                                               : kube::Collection::all_pods();
 }
 
 }  // namespace
 
-Extender::Extender(Policy default_policy, std::unique_ptr<ApiClient> api, Reporter report,
+Extender::Extender(Policy default_policy, std::unique_ptr<kube::Cluster> cluster, Reporter report,
                    ExtenderLimits limits)
     : default_policy_(default_policy),
-      api_(std::move(api)),
+      cluster_(std::move(cluster)),
       report_(std::move(report)),
       limits_(limits),
       state_(report_) {}
@@ -167,12 +165,12 @@ HttpReply Extender::answer_bind(const std::string& body) {
         fmt::format("{} binds are in flight already; try again", limits_.most_concurrent_binds));
   }
   const kube::Deadline deadline = Clock::now() + limits_.bind_budget;
-  const std::string label = fmt::format("{}/{}", pod_ns, pod_name);
-  const std::string pod_path = contract::api::pod(pod_ns, pod_name);
+  const kube::ObjectName pod_object{pod_ns, pod_name};
+  const std::string label = pod_object.label();
 
   // The pod as it is now: what it asks for, whether it is bound already, and its version, so
   // that the record is written only on the pod read here.
-  const ApiResponse read = api_->get(pod_path, deadline);
+  const ApiResponse read = cluster_->get_pod(pod_object, deadline);
   if (read.status != 200) {
     return error(fmt::format("cannot read pod {}: HTTP {} {}", label, read.status, read.error));
   }
@@ -226,7 +224,7 @@ HttpReply Extender::answer_bind(const std::string& body) {
        {{"annotations", {{kAssignmentAnnotation, kube::assignment_annotation(record)}}}}}};
   // A merge patch that names the version is refused (409) if the pod changed since.
   if (!version.empty()) patch["metadata"]["resourceVersion"] = version;
-  const ApiResponse recorded = api_->patch(pod_path, dump_outside_json(patch), deadline);
+  const ApiResponse recorded = cluster_->patch_pod(pod_object, patch, deadline);
   if (recorded.status != 200) {
     give_back();
     return error(fmt::format("recording the assignment on pod {} failed: HTTP {} {}{}", label,
@@ -234,13 +232,7 @@ HttpReply Extender::answer_bind(const std::string& body) {
                              recorded.status == 0 ? recorded.error : recorded.body.substr(0, 512),
                              recorded.status == 409 ? " (the pod changed since it was read)" : ""));
   }
-  const nlohmann::json binding{
-      {"apiVersion", "v1"},
-      {"kind", "Binding"},
-      {"metadata", {{"name", pod_name}, {"namespace", pod_ns}, {"uid", pod_uid}}},
-      {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node_name}}}};
-  const ApiResponse bound =
-      api_->post(contract::api::pod_binding(pod_ns, pod_name), binding.dump(), deadline);
+  const ApiResponse bound = cluster_->bind_pod(pod_object, pod_uid, node_name, deadline);
   if (bound.status != 200 && bound.status != 201) {
     give_back();
     // The record must not outlive the bind; an unbound pod's record is ignored anyway, so a
@@ -248,7 +240,7 @@ HttpReply Extender::answer_bind(const std::string& body) {
     const nlohmann::json revert{
         {"metadata", {{"annotations", {{kAssignmentAnnotation, nullptr}}}}}};
     const ApiResponse reverted =
-        api_->patch(pod_path, revert.dump(), Clock::now() + std::chrono::seconds(2));
+        cluster_->patch_pod(pod_object, revert, Clock::now() + std::chrono::seconds(2));
     if (reverted.status != 200) {
       say(fmt::format("pod {}: the assignment of a failed bind could not be removed: HTTP {} {}",
                       label, reverted.status, reverted.error));
@@ -269,8 +261,8 @@ void Extender::replace_nodes(const nlohmann::json& items) {
       NodeInfo info = node_from_json(item);
       node_infos[info.spec.name] = info;
     } catch (const std::exception& failure) {
-      say(fmt::format("listing {}: skipped an object: {}", collection_path(Resource::nodes),
-                      failure.what()));
+      say(fmt::format("listing {}: skipped an object: {}",
+                      collection_of(Resource::nodes).describe(), failure.what()));
     }
   }
   base::WriterLock writing(mutex_);
@@ -290,7 +282,7 @@ void Extender::replace_pods(const nlohmann::json& items) {
         pending[uid] = std::move(*waiting);
       }
     } catch (const std::exception& failure) {
-      say(fmt::format("listing {}: skipped an object: {}", collection_path(Resource::pods),
+      say(fmt::format("listing {}: skipped an object: {}", collection_of(Resource::pods).describe(),
                       failure.what()));
     }
   }
@@ -342,9 +334,9 @@ kube::CollectionHandlers Extender::handlers(Resource resource) {
 
 bool Extender::sync(std::string& error) {
   std::string version;
-  return kube::list_collection(*api_, collection_path(Resource::nodes), handlers(Resource::nodes),
+  return kube::list_collection(*cluster_, collection_of(Resource::nodes), handlers(Resource::nodes),
                                version, error) &&
-         kube::list_collection(*api_, collection_path(Resource::pods), handlers(Resource::pods),
+         kube::list_collection(*cluster_, collection_of(Resource::pods), handlers(Resource::pods),
                                version, error);
 }
 
@@ -355,7 +347,7 @@ kube::WatchEnd Extender::apply_event(Resource resource, const std::string& line,
 
 void Extender::follow(Resource resource, const std::atomic<bool>& stop,
                       const kube::Reporter& report) {
-  kube::follow_collection(*api_, collection_path(resource), handlers(resource), stop, report);
+  kube::follow_collection(*cluster_, collection_of(resource), handlers(resource), stop, report);
 }
 
 }  // namespace tessera::extender

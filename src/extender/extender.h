@@ -29,7 +29,7 @@
 #include "extender/cluster_state.h"
 #include "extender/metrics.h"
 #include "extender/wire.h"
-#include "kube/api_client.h"
+#include "kube/cluster.h"
 #include "kube/reflector.h"
 #include "sched/engine.h"
 
@@ -44,7 +44,7 @@ class Extender {
  public:
   using Reporter = kube::Reporter;
   // `report` hears of objects that could not be read (never throws; may be empty).
-  Extender(Policy default_policy, std::unique_ptr<kube::ApiClient> api, Reporter report = {},
+  Extender(Policy default_policy, std::unique_ptr<kube::Cluster> cluster, Reporter report = {},
            ExtenderLimits limits = {});
 
   HttpReply filter(const std::string& body);
@@ -92,7 +92,7 @@ class Extender {
   void say(const std::string& problem) const;
 
   Policy default_policy_;
-  std::unique_ptr<kube::ApiClient> api_;
+  std::unique_ptr<kube::Cluster> cluster_;
   Reporter report_;
   ExtenderLimits limits_;
   std::atomic<int> binds_in_flight_{0};

@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "contract/api_paths.h"
 #include "kube/json_input.h"
 #include "kube/objects.h"
 
@@ -93,11 +92,11 @@ std::string why_not_valid(const LeaseSettings& settings) {
   return {};
 }
 
-LeaderElector::LeaderElector(const ApiClient& api, LeaseSettings settings, Reporter report)
-    : api_(api), settings_(std::move(settings)), report_(std::move(report)) {}
+LeaderElector::LeaderElector(const Cluster& cluster, LeaseSettings settings, Reporter report)
+    : cluster_(cluster), settings_(std::move(settings)), report_(std::move(report)) {}
 
-std::string LeaderElector::path() const {
-  return contract::api::lease(settings_.namespace_name, settings_.name);
+ObjectName LeaderElector::lease() const {
+  return {settings_.namespace_name, settings_.name};
 }
 
 void LeaderElector::note_failure(const std::string& failure) {
@@ -107,9 +106,9 @@ void LeaderElector::note_failure(const std::string& failure) {
   last_failure_ = failure;
 }
 
-std::string LeaderElector::lease_json(const std::string& holder, const std::string& acquired,
-                                      int transitions, const std::string& version,
-                                      int duration_seconds) const {
+nlohmann::json LeaderElector::lease_object(const std::string& holder, const std::string& acquired,
+                                           int transitions, const std::string& version,
+                                           int duration_seconds) const {
   nlohmann::json metadata{{"name", settings_.name}, {"namespace", settings_.namespace_name}};
   if (!version.empty()) metadata["resourceVersion"] = version;
   return nlohmann::json{{"apiVersion", "coordination.k8s.io/v1"},
@@ -120,8 +119,7 @@ std::string LeaderElector::lease_json(const std::string& holder, const std::stri
                           {"leaseDurationSeconds", duration_seconds},
                           {"acquireTime", acquired},
                           {"renewTime", micro_time_now()},
-                          {"leaseTransitions", transitions}}}}
-      .dump();
+                          {"leaseTransitions", transitions}}}};
 }
 
 bool LeaderElector::holds() const {
@@ -142,12 +140,12 @@ bool LeaderElector::try_acquire_or_renew() {
     note_failure({});
     return true;
   };
-  const ApiResponse read = api_.get(path(), deadline);
+  const ApiResponse read = cluster_.get_lease(lease(), deadline);
   if (read.status == 404 && !settings_.follow) {
     const std::string now = micro_time_now();
-    const ApiResponse created = api_.post(
-        contract::api::leases(settings_.namespace_name),
-        lease_json(settings_.identity, now, 0, "", static_cast<int>(settings_.duration.count())),
+    const ApiResponse created = cluster_.create_lease(
+        lease(),
+        lease_object(settings_.identity, now, 0, "", static_cast<int>(settings_.duration.count())),
         deadline);
     if (created.status == 200 || created.status == 201) return held_from_now();
     if (created.status != 409) {  // 409: another replica created it first
@@ -191,12 +189,12 @@ bool LeaderElector::try_acquire_or_renew() {
     holds_until_ns_ = 0;
     return false;
   }
-  const ApiResponse written =
-      api_.put(path(),
-               lease_json(settings_.identity, mine ? record.acquired : micro_time_now(),
-                          record.transitions + (mine ? 0 : 1), record.version,
-                          static_cast<int>(settings_.duration.count())),
-               deadline);
+  const ApiResponse written = cluster_.replace_lease(
+      lease(),
+      lease_object(settings_.identity, mine ? record.acquired : micro_time_now(),
+                   record.transitions + (mine ? 0 : 1), record.version,
+                   static_cast<int>(settings_.duration.count())),
+      deadline);
   if (written.status == 200) return held_from_now();
   if (written.status != 409) {  // 409: another replica wrote it since it was read
     note_failure(fmt::format("cannot write it: HTTP {} {}", written.status, written.error));
@@ -208,13 +206,14 @@ void LeaderElector::release() {
   if (settings_.follow || !holds()) return;
   holds_until_ns_ = 0;
   announced_ = false;
-  const ApiResponse read = api_.get(path(), Clock::now() + settings_.retry_period);
+  const ApiResponse read = cluster_.get_lease(lease(), Clock::now() + settings_.retry_period);
   if (read.status != 200) return;
   try {
     const LeaseRecord record = read_lease(read.body);
     if (record.holder != settings_.identity) return;
-    api_.put(path(), lease_json("", record.acquired, record.transitions, record.version, 1),
-             Clock::now() + settings_.retry_period);
+    cluster_.replace_lease(lease(),
+                           lease_object("", record.acquired, record.transitions, record.version, 1),
+                           Clock::now() + settings_.retry_period);
   } catch (const std::exception&) {
     // Unreadable now: the Lease expires in its own time.
   }

@@ -16,7 +16,7 @@
 #include <functional>
 #include <string>
 
-#include "kube/api_client.h"
+#include "kube/cluster.h"
 #include "kube/reflector.h"
 
 namespace tessera::kube {
@@ -38,7 +38,7 @@ std::string why_not_valid(const LeaseSettings& settings);
 class LeaderElector {
  public:
   // `report` hears of API server failures, once per change of what fails.
-  LeaderElector(const ApiClient& api, LeaseSettings settings, Reporter report = {});
+  LeaderElector(const Cluster& cluster, LeaseSettings settings, Reporter report = {});
 
   // One round: reads the Lease, takes it if free or expired, renews it if held. Returns
   // whether this replica holds it now.
@@ -59,13 +59,14 @@ class LeaderElector {
 
  private:
   using Clock = std::chrono::steady_clock;
-  std::string path() const;
+  ObjectName lease() const;
   bool holds() const;
   void note_failure(const std::string& failure);
-  std::string lease_json(const std::string& holder, const std::string& acquired, int transitions,
-                         const std::string& version, int duration_seconds) const;
+  nlohmann::json lease_object(const std::string& holder, const std::string& acquired,
+                              int transitions, const std::string& version,
+                              int duration_seconds) const;
 
-  const ApiClient& api_;
+  const Cluster& cluster_;
   LeaseSettings settings_;
   Reporter report_;
   // The Lease's record as last read (holder, times, transitions), and when it last changed on

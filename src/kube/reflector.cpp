@@ -29,11 +29,12 @@ void pause_for(std::chrono::milliseconds length, const std::atomic<bool>& stop) 
 
 }  // namespace
 
-bool list_collection(const ApiClient& api, const std::string& path,
+bool list_collection(const Cluster& cluster, const Collection& collection,
                      const CollectionHandlers& handlers, std::string& version, std::string& error) {
-  const ApiResponse listed = api.get(path);
+  const ApiResponse listed = cluster.list(collection, Deadline::max());
   if (listed.status != 200) {
-    error = fmt::format("listing {} failed: HTTP {} {}", path, listed.status, listed.error);
+    error = fmt::format("listing {} failed: HTTP {} {}", collection.describe(), listed.status,
+                        listed.error);
     return false;
   }
   try {
@@ -44,7 +45,8 @@ bool list_collection(const ApiClient& api, const std::string& path,
     version = version_of(body);
     handlers.replace(body["items"]);
   } catch (const std::exception& failure) {
-    error = fmt::format("the API server's list of {} is malformed: {}", path, failure.what());
+    error = fmt::format("the API server's list of {} is malformed: {}", collection.describe(),
+                        failure.what());
     return false;
   }
   return true;
@@ -92,7 +94,7 @@ WatchEnd apply_watch_line(const std::string& line, const CollectionHandlers& han
   return WatchEnd::not_yet;
 }
 
-void follow_collection(const ApiClient& api, const std::string& path,
+void follow_collection(const Cluster& cluster, const Collection& collection,
                        const CollectionHandlers& handlers, const std::atomic<bool>& stop,
                        const Reporter& report) {
   auto tell = [&report](const std::string& text) {
@@ -112,21 +114,17 @@ void follow_collection(const ApiClient& api, const std::string& path,
   while (!stop) {
     try {
       std::string version, error;
-      if (!list_collection(api, path, handlers, version, error)) {
+      if (!list_collection(cluster, collection, handlers, version, error)) {
         tell(error);
         pause_for(std::chrono::seconds(1), stop);
         continue;
       }
       WatchEnd end = WatchEnd::not_yet;
       while (!stop && end == WatchEnd::not_yet) {
-        // `path` may carry a query of its own (a field selector).
-        const std::string watch_path = fmt::format(
-            "{}{}watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}", path,
-            path.find('?') == std::string::npos ? '?' : '&', version);
         const auto started = Clock::now();
         int applied = 0;
-        const ApiResponse answer = api.watch(
-            watch_path,
+        const ApiResponse answer = cluster.watch(
+            collection, version,
             [&](const std::string& line) {
               end = apply_watch_line(line, handlers, version, error);
               applied += end == WatchEnd::not_yet;
@@ -138,7 +136,7 @@ void follow_collection(const ApiClient& api, const std::string& path,
           end = WatchEnd::broken;
         }
         if (end == WatchEnd::broken) {  // whatever broke it, say so, and do not hammer the server
-          tell(fmt::format("watching {}: {}; listing again", path, error));
+          tell(fmt::format("watching {}: {}; listing again", collection.describe(), error));
           pause_for(std::chrono::seconds(1), stop);
         } else if (applied == 0 && Clock::now() - started < std::chrono::seconds(1)) {
           fruitless();
@@ -148,7 +146,7 @@ void follow_collection(const ApiClient& api, const std::string& path,
         // A stream that ends cleanly (timeoutSeconds) is resumed from the last version seen.
       }
     } catch (const std::exception& failure) {  // nothing may end the thread
-      tell(fmt::format("watching {}: {}", path, failure.what()));
+      tell(fmt::format("watching {}: {}", collection.describe(), failure.what()));
       pause_for(std::chrono::seconds(1), stop);
     }
   }

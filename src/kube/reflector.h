@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "kube/api_client.h"
+#include "kube/cluster.h"
 
 namespace tessera::kube {
 
@@ -26,9 +26,9 @@ struct CollectionHandlers {
 
 using Reporter = std::function<void(const std::string&)>;
 
-// Lists the collection at `path` (e.g. /api/v1/pods) into `handlers`; the list's version in
-// `version`. False with the reason in `error` if it cannot be read.
-bool list_collection(const ApiClient& api, const std::string& path,
+// Lists `collection` into `handlers`; the list's version in `version`. False with the reason
+// in `error` if it cannot be read.
+bool list_collection(const Cluster& cluster, const Collection& collection,
                      const CollectionHandlers& handlers, std::string& version, std::string& error);
 
 enum class WatchEnd { not_yet, expired, broken };
@@ -37,8 +37,8 @@ enum class WatchEnd { not_yet, expired, broken };
 WatchEnd apply_watch_line(const std::string& line, const CollectionHandlers& handlers,
                           std::string& version, std::string& why);
 
-// Lists and watches `path` until `stop`; failures go to `report`. Never throws.
-void follow_collection(const ApiClient& api, const std::string& path,
+// Lists and watches `collection` until `stop`; failures go to `report`. Never throws.
+void follow_collection(const Cluster& cluster, const Collection& collection,
                        const CollectionHandlers& handlers, const std::atomic<bool>& stop,
                        const Reporter& report);
 

@@ -19,7 +19,6 @@
 
 #include "base/files.h"
 #include "contract/annotations.h"
-#include "contract/api_paths.h"
 #include "contract/gpu_numbering.h"
 #include "kube/json_input.h"
 #include "kube/objects.h"
@@ -122,10 +121,10 @@ void NodeAgent::start() {
   fs::create_directories(options_.device_plugin_dir, error);
   const contract::StateLayout layout(options_.state_dir);
   std::unique_ptr<PodResourcesClient> kubelet;
-  if (options_.api != nullptr && !options_.pod_resources_socket.empty()) {
+  if (options_.cluster != nullptr && !options_.pod_resources_socket.empty()) {
     kubelet = std::make_unique<PodResourcesClient>(options_.pod_resources_socket);
   }
-  grants_ = std::make_unique<ContainerGrants>(layout, options_.api.get(), options_.node_name,
+  grants_ = std::make_unique<ContainerGrants>(layout, options_.cluster.get(), options_.node_name,
                                               std::move(kubelet),
                                               [this](const std::string& text) { say(text); });
   grants_->prepare(inventory_);
@@ -135,8 +134,9 @@ void NodeAgent::start() {
   // No other thread runs yet; the locks are taken for the rules they state.
   base::MutexLock reloading(reload_mutex_);
   std::string label;
-  if (options_.api != nullptr) {
-    const kube::ApiResponse node = options_.api->get(contract::api::node(options_.node_name));
+  if (options_.cluster != nullptr) {
+    const kube::ApiResponse node =
+        options_.cluster->get_node(options_.node_name, kube::Deadline::max());
     if (node.status == 200) {
       try {
         label = node_label_of(kube::parse_outside_json(node.body));
@@ -172,7 +172,7 @@ void NodeAgent::start() {
   threads_.emplace_back([this] { watch_kubelet(); });
   threads_.emplace_back([this] { watch_config(); });
   threads_.emplace_back([this] { publish_loop(); });
-  if (options_.api != nullptr) threads_.emplace_back([this] { watch_node(); });
+  if (options_.cluster != nullptr) threads_.emplace_back([this] { watch_node(); });
 }
 
 void NodeAgent::stop() {
@@ -320,7 +320,7 @@ std::unique_ptr<DevicePluginServer> NodeAgent::make_server(const std::string& re
   };
   // With a cluster, the kubelet calls PreStartContainer before each container of every
   // resource starts: a container of slices gets its limits there (container_grants.h).
-  callbacks.pre_start_required = options_.api != nullptr;
+  callbacks.pre_start_required = options_.cluster != nullptr;
   callbacks.pre_start = [this, resource](const std::vector<std::string>& ids) {
     const auto state = served();
     const Resource* served_resource = state->map.find(resource);
@@ -468,7 +468,6 @@ void NodeAgent::watch_config() {
 }
 
 void NodeAgent::watch_node() {
-  const std::string path = contract::api::node_named(options_.node_name);
   auto take = [this](const nlohmann::json& node) {
     const std::string label = node.is_null() ? std::string() : node_label_of(node);
     bool changed = false;
@@ -492,8 +491,8 @@ void NodeAgent::watch_node() {
     if (kube::string_at(object, "/metadata/name"_json_pointer) != options_.node_name) return;
     take(type == "DELETED" ? nlohmann::json() : object);
   };
-  kube::follow_collection(*options_.api, path, handlers, stopping_,
-                          [this](const std::string& text) { say(text); });
+  kube::follow_collection(*options_.cluster, kube::Collection::node_named(options_.node_name),
+                          handlers, stopping_, [this](const std::string& text) { say(text); });
 }
 
 void NodeAgent::request_publish() {
@@ -545,7 +544,7 @@ void NodeAgent::publish_loop() {
         failed = true;
       }
     }
-    if (options_.api != nullptr) {
+    if (options_.cluster != nullptr) {
       nlohmann::json patch_labels = nlohmann::json::object();
       for (const auto& [key, value] : labels) patch_labels[key] = value;
       for (const auto& [key, value] : published_labels_) {
@@ -561,8 +560,8 @@ void NodeAgent::publish_loop() {
               {contract::kConfigAnnotation, state->config.name},
               {contract::kConfigErrorAnnotation,
                error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))}}}}}};
-      const kube::ApiResponse answer = options_.api->patch(contract::api::node(options_.node_name),
-                                                           kube::dump_outside_json(patch));
+      const kube::ApiResponse answer =
+          options_.cluster->patch_node(options_.node_name, patch, kube::Deadline::max());
       if (answer.status == 200) {
         published_labels_ = labels;
       } else {
@@ -573,8 +572,8 @@ void NodeAgent::publish_loop() {
       }
       if (Clock::now() - last_collect >= kCollectEvery) {
         last_collect = Clock::now();
-        const kube::ApiResponse pods =
-            options_.api->get(contract::api::pods_on_node(options_.node_name));
+        const kube::ApiResponse pods = options_.cluster->list(
+            kube::Collection::pods_on_node(options_.node_name), kube::Deadline::max());
         if (pods.status == 200) {
           try {
             std::set<std::string> uids;

@@ -21,7 +21,7 @@
 
 #include "base/mutex.h"
 #include "contract/host_layout.h"
-#include "kube/api_client.h"
+#include "kube/cluster.h"
 #include "node/allocation.h"
 #include "node/config.h"
 #include "node/container_grants.h"
@@ -53,7 +53,7 @@ struct NodeAgentOptions {
   std::chrono::milliseconds mps_check_every{1000};
   std::chrono::milliseconds recovery_quiet{60000};
   ReplicaPolicy replica_policy = ReplicaPolicy::distributed;
-  std::unique_ptr<kube::ApiClient> api;            // null: no cluster
+  std::unique_ptr<kube::Cluster> cluster;          // null: no cluster
   std::function<void(const std::string&)> report;  // the log; never throws
 };
 

@@ -13,7 +13,6 @@
 
 #include "common/limits.h"
 #include "contract/annotations.h"
-#include "contract/api_paths.h"
 #include "contract/limit_variables.h"
 #include "contract/pod_resources.h"
 #include "contract/variables.h"
@@ -165,11 +164,11 @@ std::vector<AssignedPlace> assigned_places(const Resource& resource, const kube:
 
 // --- the agent's side -------------------------------------------------------------------------
 
-ContainerGrants::ContainerGrants(contract::StateLayout layout, const kube::ApiClient* api,
+ContainerGrants::ContainerGrants(contract::StateLayout layout, const kube::Cluster* cluster,
                                  std::string node_name, std::unique_ptr<PodResourcesClient> kubelet,
                                  Reporter report)
     : layout_(std::move(layout)),
-      api_(api),
+      cluster_(cluster),
       node_name_(std::move(node_name)),
       kubelet_(std::move(kubelet)),
       report_(std::move(report)) {}
@@ -228,7 +227,7 @@ int ContainerGrants::repair_coordination(const Inventory& inventory) {
 }
 
 bool ContainerGrants::limits_at_pre_start(const Resource& resource) const {
-  return limited_kind(resource.kind) && api_ != nullptr;
+  return limited_kind(resource.kind) && cluster_ != nullptr;
 }
 
 ContainerGrants::Made ContainerGrants::make_container(ContainerAllocation& allocation,
@@ -391,7 +390,7 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   const std::string label = holder->pod_namespace + "/" + holder->pod_name;
   const kube::Deadline deadline = std::chrono::steady_clock::now() + kCallBudget;
   const kube::ApiResponse read =
-      api_->get(contract::api::pod(holder->pod_namespace, holder->pod_name), deadline);
+      cluster_->get_pod({holder->pod_namespace, holder->pod_name}, deadline);
   if (read.status != 200) {
     throw AllocationError(
         fmt::format("pod {} cannot be read (HTTP {} {}); its limits cannot be "
@@ -461,9 +460,8 @@ void ContainerGrants::rewrite_assignment(const nlohmann::json& pod,
        {{"annotations",
          {{contract::kAssignmentAnnotation, kube::assignment_annotation(corrected)}}},
         {"resourceVersion", string_at(pod, "/metadata/resourceVersion"_json_pointer)}}}};
-  const kube::ApiResponse answer =
-      api_->patch(contract::api::pod(name_space, name), kube::dump_outside_json(patch),
-                  std::chrono::steady_clock::now() + kCallBudget);
+  const kube::ApiResponse answer = cluster_->patch_pod(
+      {name_space, name}, patch, std::chrono::steady_clock::now() + kCallBudget);
   ++rewritten_;
   report_(fmt::format(
       "pod {}/{}: the kubelet gave it GPU(s) {} where the scheduler assigned others; its "
@@ -485,8 +483,8 @@ std::vector<std::string> ContainerGrants::prefer(
   std::vector<KubeletPod> kubelet_pods;
   std::string why;
   if (!kubelet_->list(kubelet_pods, why)) return fallback();
-  const kube::ApiResponse listed = api_->get(contract::api::pods_on_node(node_name_),
-                                             std::chrono::steady_clock::now() + kCallBudget);
+  const kube::ApiResponse listed = cluster_->list(kube::Collection::pods_on_node(node_name_),
+                                                  std::chrono::steady_clock::now() + kCallBudget);
   if (listed.status != 200) return fallback();
   std::vector<std::vector<int>> wanted;
   try {

@@ -32,7 +32,7 @@
 #include "common/priority.h"
 #include "contract/host_layout.h"
 #include "contract/owner_record.h"
-#include "kube/api_client.h"
+#include "kube/cluster.h"
 #include "kube/objects.h"
 #include "node/allocation.h"
 #include "node/config.h"
@@ -88,9 +88,9 @@ std::vector<AssignedPlace> assigned_places(const Resource& resource, const kube:
 class ContainerGrants {
  public:
   using Reporter = std::function<void(const std::string&)>;
-  // `api` may be null (no cluster: the defaults always); so may `kubelet` (then a container
+  // `cluster` may be null (no cluster: the defaults always); so may `kubelet` (then a container
   // whose limits need its pod cannot start, and says why).
-  ContainerGrants(contract::StateLayout layout, const kube::ApiClient* api, std::string node_name,
+  ContainerGrants(contract::StateLayout layout, const kube::Cluster* cluster, std::string node_name,
                   std::unique_ptr<PodResourcesClient> kubelet, Reporter report);
 
   // Makes the directories, the preload file and every device's coordination file (repairing
@@ -150,7 +150,7 @@ class ContainerGrants {
                           const Inventory& inventory) const;
 
   contract::StateLayout layout_;
-  const kube::ApiClient* api_;
+  const kube::Cluster* cluster_;
   std::string node_name_;
   std::unique_ptr<PodResourcesClient> kubelet_;
   Reporter report_;
