@@ -256,5 +256,23 @@ TEST(NodeConfig, NamedConfigsComeFromADirectoryMountedAsAConfigMapIs) {
   EXPECT_EQ(choose_config(ConfigSet{}, {"", ""}).strategy(), SharingStrategy::none);
 }
 
+TEST(NodeConfig, ASourcesFingerprintChangesWithAnEditAndNotWithTheKubeletsBookkeeping) {
+  ScratchDirectory scratch;
+  std::ofstream(scratch.file("any")) << "version: v1\n";
+  const std::string before = config_source_fingerprint(scratch.path(), "");
+  std::ofstream(scratch.file("..data_tmp")) << "the kubelet's";  // dot files are not configs
+  EXPECT_EQ(config_source_fingerprint(scratch.path(), ""), before);
+  std::ofstream(scratch.file("any")) << "version: v1\nflags: {}\n";
+  const std::string edited = config_source_fingerprint(scratch.path(), "");
+  EXPECT_NE(edited, before);
+  std::ofstream(scratch.file("second")) << "version: v1\n";
+  EXPECT_NE(config_source_fingerprint(scratch.path(), ""), edited);
+  // A file larger than any config is read only as far as a config may go; one gone, or a
+  // directory that is not there, is no error.
+  std::ofstream(scratch.file("huge")) << std::string(kMostConfigBytes + 4096, 'x');
+  EXPECT_LT(config_source_fingerprint(scratch.path(), "").size(), 2 * kMostConfigBytes);
+  EXPECT_EQ(config_source_fingerprint(scratch.file("missing"), ""), "");
+}
+
 }  // namespace
 }  // namespace tessera::test

@@ -1,28 +1,18 @@
 #include "node/agent.h"
 
-#include <fcntl.h>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
-#include <poll.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "base/files.h"
 #include "contract/annotations.h"
 #include "contract/gpu_numbering.h"
-#include "kube/json_input.h"
-#include "kube/objects.h"
-#include "kube/reflector.h"
 #include "node/compute_policy.h"
 #include "node/mig_gpu.h"
 
@@ -34,35 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kConfigPoll = std::chrono::seconds(2);  // a missed file event is caught by then
 constexpr auto kRegistrationRetry = std::chrono::seconds(1);
-constexpr auto kCollectEvery = std::chrono::seconds(60);  // ledgers of pods gone
-constexpr auto kPublishRetry = std::chrono::seconds(5);
-
-// What the config source holds, to tell an edit from a spurious file event.
-std::string fingerprint(const std::string& directory, const std::string& file) {
-  std::string text;
-  auto add = [&text](const fs::path& path) {
-    std::ifstream input(path, std::ios::binary);
-    std::ostringstream content;
-    content << input.rdbuf();
-    text += path.filename().string() + "\n" + content.str().substr(0, kMostConfigBytes + 1) + "\n";
-  };
-  std::error_code error;
-  if (!file.empty()) add(file);
-  if (!directory.empty()) {
-    std::vector<fs::path> paths;
-    for (const auto& entry : fs::directory_iterator(directory, error)) {
-      if (entry.path().filename().string().rfind('.', 0) != 0) paths.push_back(entry.path());
-    }
-    std::sort(paths.begin(), paths.end());
-    for (const fs::path& path : paths) add(path);
-  }
-  return text;
-}
-
-std::string node_label_of(const nlohmann::json& node) {
-  const nlohmann::json* label = kube::find_at(node, {"metadata", "labels", contract::kConfigLabel});
-  return label != nullptr && label->is_string() ? label->get<std::string>() : std::string();
-}
 
 }  // namespace
 
@@ -133,28 +94,7 @@ void NodeAgent::start() {
 
   // No other thread runs yet; the locks are taken for the rules they state.
   base::MutexLock reloading(reload_mutex_);
-  std::string label;
-  if (options_.cluster != nullptr) {
-    const kube::ApiResponse node =
-        options_.cluster->get_node(options_.node_name, kube::Deadline::max());
-    if (node.status == 200) {
-      try {
-        label = node_label_of(kube::parse_outside_json(node.body));
-      } catch (const std::exception& failure) {
-        say(fmt::format("node {} cannot be read: {}", options_.node_name, failure.what()));
-      }
-    } else {
-      say(
-          fmt::format("node {} cannot be read (HTTP {} {}); its config label is read once the "
-                      "API server answers",
-                      options_.node_name, node.status, node.error));
-    }
-  } else {
-    say(
-        fmt::format("no API server: serving the kubelet from the config alone; node labels, the {} "
-                    "annotation and the limits of slices' pods need one",
-                    contract::kGpusAnnotation));
-  }
+  const std::string label = read_node_label();
 
   // The first config must be good: there is nothing older to keep serving.
   const ConfigSet set = read_configs();
@@ -454,156 +394,17 @@ void NodeAgent::watch_config() {
   if (directory.empty()) return;  // the built-in default: nothing to watch
   base::DirectoryWatch events(
       directory, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_ATTRIB);
-  std::string seen = fingerprint(options_.config_dir, options_.config_file);
+  std::string seen = config_source_fingerprint(options_.config_dir, options_.config_file);
   auto last_poll = Clock::now();
   while (!stopping_) {
     const std::vector<std::string> names = events.wait(std::chrono::milliseconds(200));
     if (names.empty() && Clock::now() - last_poll < kConfigPoll) continue;
     last_poll = Clock::now();
-    std::string now = fingerprint(options_.config_dir, options_.config_file);
+    std::string now = config_source_fingerprint(options_.config_dir, options_.config_file);
     if (now == seen) continue;
     seen = std::move(now);
     reload();
   }
-}
-
-void NodeAgent::watch_node() {
-  auto take = [this](const nlohmann::json& node) {
-    const std::string label = node.is_null() ? std::string() : node_label_of(node);
-    bool changed = false;
-    {
-      base::MutexLock locked(state_mutex_);
-      changed = label != node_label_;
-      node_label_ = label;
-    }
-    if (changed) {
-      say(fmt::format("node label {} is now '{}'", contract::kConfigLabel, label));
-      reload();
-    }
-  };
-  kube::CollectionHandlers handlers;
-  handlers.replace = [&](const nlohmann::json& items) {
-    for (const auto& item : items) {
-      if (kube::string_at(item, "/metadata/name"_json_pointer) == options_.node_name) take(item);
-    }
-  };
-  handlers.apply = [&](std::string_view type, const nlohmann::json& object) {
-    if (kube::string_at(object, "/metadata/name"_json_pointer) != options_.node_name) return;
-    take(type == "DELETED" ? nlohmann::json() : object);
-  };
-  kube::follow_collection(*options_.cluster, kube::Collection::node_named(options_.node_name),
-                          handlers, stopping_, [this](const std::string& text) { say(text); });
-}
-
-void NodeAgent::request_publish() {
-  {
-    base::MutexLock locked(publish_mutex_);
-    publish_pending_ = true;
-  }
-  publish_wanted_.notify_all();
-}
-
-void NodeAgent::publish_loop() {
-  auto last_collect = Clock::now();
-  std::time_t applied_at = std::time(nullptr);
-  std::uint64_t labelled_generation = 0;
-  while (!stopping_) {
-    bool due = false;
-    {
-      const auto deadline = Clock::now() + kPublishRetry;
-      base::MutexLock locked(publish_mutex_);
-      while (!publish_pending_ && !stopping_ &&
-             publish_wanted_.wait_until(publish_mutex_, deadline)) {
-      }
-      if (stopping_) return;
-      due = publish_pending_ || Clock::now() - last_collect >= kCollectEvery;
-      publish_pending_ = false;
-    }
-    // A coordination file written over is made whole for the containers using it.
-    grants_->repair_coordination(inventory_);
-    if (!due) continue;
-    const auto state = served();
-    std::string error;
-    std::uint64_t generation = 0;
-    {
-      base::MutexLock locked(state_mutex_);
-      error = config_error_;
-      generation = generation_;
-    }
-    if (generation != labelled_generation) {  // GFD's timestamp: when the config took effect
-      applied_at = std::time(nullptr);
-      labelled_generation = generation;
-    }
-    const Labels labels = gpu_labels(inventory_, state->config, applied_at);
-    bool failed = false;
-    if (!options_.features_dir.empty()) {
-      try {
-        write_features_file(options_.features_dir, labels);
-      } catch (const std::exception& failure) {
-        say(failure.what());
-        failed = true;
-      }
-    }
-    if (options_.cluster != nullptr) {
-      nlohmann::json patch_labels = nlohmann::json::object();
-      for (const auto& [key, value] : labels) patch_labels[key] = value;
-      for (const auto& [key, value] : published_labels_) {
-        if (labels.count(key) == 0) patch_labels[key] = nullptr;
-      }
-      const nlohmann::json annotation =
-          gpus_annotation(inventory_, state->map, health_, state->config.strategy());
-      nlohmann::json patch{
-          {"metadata",
-           {{"labels", patch_labels},
-            {"annotations",
-             {{contract::kGpusAnnotation, kube::dump_outside_json(annotation)},
-              {contract::kConfigAnnotation, state->config.name},
-              {contract::kConfigErrorAnnotation,
-               error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))}}}}}};
-      const kube::ApiResponse answer =
-          options_.cluster->patch_node(options_.node_name, patch, kube::Deadline::max());
-      if (answer.status == 200) {
-        published_labels_ = labels;
-      } else {
-        say(fmt::format("node {}: labels and annotations not written: HTTP {} {}",
-                        options_.node_name, answer.status,
-                        answer.status == 0 ? answer.error : answer.body.substr(0, 300)));
-        failed = true;
-      }
-      if (Clock::now() - last_collect >= kCollectEvery) {
-        last_collect = Clock::now();
-        const kube::ApiResponse pods = options_.cluster->list(
-            kube::Collection::pods_on_node(options_.node_name), kube::Deadline::max());
-        if (pods.status == 200) {
-          try {
-            std::set<std::string> uids;
-            const nlohmann::json body = kube::parse_outside_json(pods.body);
-            if (const nlohmann::json* items = kube::find_at(body, {"items"});
-                items != nullptr && items->is_array()) {
-              for (const auto& pod : *items)
-                uids.insert(kube::string_at(pod, "/metadata/uid"_json_pointer));
-              const int removed = grants_->collect(uids);
-              if (removed > 0) say(fmt::format("removed {} ledger(s) of containers gone", removed));
-            }
-          } catch (const std::exception& failure) {
-            say(fmt::format("this node's pods cannot be read: {}", failure.what()));
-          }
-        }
-      }
-    }
-    if (failed) {  // tried again after kPublishRetry
-      const auto deadline = Clock::now() + kPublishRetry;
-      base::MutexLock locked(publish_mutex_);
-      while (!stopping_ && publish_wanted_.wait_until(publish_mutex_, deadline)) {
-      }
-      publish_pending_ = true;
-    }
-  }
-}
-
-std::vector<std::string> NodeAgent::scheduler_numbering(const Served& state) const {
-  return contract::scheduler_numbering(
-      gpus_annotation(inventory_, state.map, health_, state.config.strategy())["gpus"]);
 }
 
 std::string NodeAgent::metrics() {

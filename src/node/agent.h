@@ -95,6 +95,8 @@ class NodeAgent {
   void register_all(bool restart_servers) EXCLUDES(servers_mutex_);
   void watch_kubelet();
   void watch_config();
+  // agent_cluster.cpp: the node's config label; what the agent publishes on the node.
+  std::string read_node_label();
   void watch_node();
   void publish_loop();
   void request_publish();

@@ -4,7 +4,9 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "contract/annotations.h"
@@ -37,6 +39,28 @@ ConfigSet read_config_directory(const std::string& directory) {
     }
   }
   return set;
+}
+
+std::string config_source_fingerprint(const std::string& directory, const std::string& file) {
+  std::string text;
+  auto add = [&text](const fs::path& path) {
+    std::ifstream input(path, std::ios::binary);
+    std::string content(kMostConfigBytes + 1, '\0');
+    input.read(content.data(), static_cast<std::streamsize>(content.size()));
+    content.resize(static_cast<std::size_t>(input.gcount()));
+    text += path.filename().string() + "\n" + content + "\n";
+  };
+  if (!file.empty()) add(file);
+  if (!directory.empty()) {
+    std::error_code error;
+    std::vector<fs::path> paths;
+    for (const auto& entry : fs::directory_iterator(directory, error)) {
+      if (entry.path().filename().string().rfind('.', 0) != 0) paths.push_back(entry.path());
+    }
+    std::sort(paths.begin(), paths.end());
+    for (const fs::path& path : paths) add(path);
+  }
+  return text;
 }
 
 ConfigSet read_config_file(const std::string& path, const std::string& name) {

@@ -134,6 +134,9 @@ struct ConfigSet {
   std::map<std::string, std::string> refused;  // name -> why
 };
 ConfigSet read_config_directory(const std::string& directory);
+// What a config source (a directory, a file, or both) holds now, to tell an edit from a
+// spurious file event: names and contents, each cut at kMostConfigBytes. Never throws.
+std::string config_source_fingerprint(const std::string& directory, const std::string& file);
 ConfigSet read_config_file(const std::string& path, const std::string& name);
 
 // Which config a node runs: the one its label names, else `fallback` (the --config flag),
