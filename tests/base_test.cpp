@@ -1,12 +1,21 @@
 // The host base library: strings as configs and annotations write them, and the annotated
 // mutexes doing what they say.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <thread>
+#include <vector>
 
+#include "base/files.h"
+#include "base/log.h"
 #include "base/mutex.h"
+#include "base/status.h"
 #include "base/strings.h"
 #include "base/yaml_document.h"
 
@@ -127,6 +136,61 @@ TEST(BaseYamlDocument, AnAliasBombIsRefusedNotWalked) {
       for (const auto& child : node) walk(child);
   };
   EXPECT_EQ(refusal_of([&] { walk(root["h"]); }), "bomb.yaml: h: the config is too large a tree");
+}
+
+TEST(BaseStatus, AFailureKeepsItsMessageAndGainsWhatWasBeingDone) {
+  EXPECT_TRUE(Status::success().ok());
+  EXPECT_EQ(Status::success().message(), "");
+  const Status failed = Status::failure("HTTP 403");
+  EXPECT_FALSE(failed.ok());
+  EXPECT_EQ(failed.within("listing pods").message(), "listing pods: HTTP 403");
+  EXPECT_TRUE(Status::success().within("listing pods").ok());
+}
+
+TEST(BaseFiles, AnAtomicWriteLeavesTheWholeFileOrSaysWhichFileFailed) {
+  char pattern[] = "/tmp/tessera-base-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string directory = pattern;
+  ASSERT_TRUE(write_file_atomically(directory + "/f", "first").ok());
+  ASSERT_TRUE(write_file_atomically(directory + "/f", "second").ok());
+  std::ifstream input(directory + "/f");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(input), {}), "second");
+  const Status refused = write_file_atomically(directory + "/missing/f", "x");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find(directory + "/missing/"), std::string::npos)
+      << refused.message();
+  std::filesystem::remove_all(directory);
+}
+
+TEST(BaseLog, LinesCarryProgramPidAndLevelAndTheLevelFiltersThem) {
+  std::vector<std::string> lines;
+  const ProgramLog::Sink sink = [&](std::string_view line) { lines.emplace_back(line); };
+  const ProgramLog log("node", nullptr, sink);  // unset: info
+  log.info("3 GPU(s)");
+  log.write(LogLevel::debug, "not shown at info");
+  log.reporter(LogLevel::warn)("node gpu-1 cannot be read");
+  const std::string pid = std::to_string(getpid());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "tessera node[" + pid + "] info: 3 GPU(s)\n");
+  EXPECT_EQ(lines[1], "tessera node[" + pid + "] warning: node gpu-1 cannot be read\n");
+  lines.clear();
+  const ProgramLog quiet("scheduler", "error", sink);
+  quiet.warning("dropped");
+  quiet.error("kept");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("error: kept"), std::string::npos);
+}
+
+TEST(BaseLog, ALevelThatIsNoneIsSaidOnceAndInfoKept) {
+  std::vector<std::string> lines;
+  const ProgramLog log("node", "verbose\nX-Injected",
+                       [&](std::string_view line) { lines.emplace_back(line); });
+  EXPECT_EQ(log.level(), LogLevel::info);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find(R"(TESSERA_LOG_LEVEL="verbose\nX-Injected")"), std::string::npos)
+      << lines[0];
+  EXPECT_EQ(lines[0].find('\n'), lines[0].size() - 1);  // one line
+  EXPECT_NE(lines[0].find("logging at info"), std::string::npos) << lines[0];
 }
 
 }  // namespace

@@ -58,8 +58,8 @@ std::unique_ptr<Extender> extender_on(Cluster*& cluster_out) {
   cluster->put("nodes", gpu_node("gpu-a", 2));
   cluster_out = cluster.get();
   auto extender = std::make_unique<Extender>(sched::Policy::best_fit, std::move(cluster));
-  std::string error;
-  EXPECT_TRUE(extender->sync(error)) << error;
+  const base::Status synced = extender->sync();
+  EXPECT_TRUE(synced.ok()) << synced.message();
   return extender;
 }
 

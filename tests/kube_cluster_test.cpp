@@ -81,10 +81,10 @@ TEST(KubeCluster, AListThatCannotBeReadIsRefusedWithTheCollectionNamed) {
     ApiResponse list(const Collection&, Deadline) const override { return {403, "{}", {}}; }
   } cluster;
   Told told;
-  std::string version, error;
-  EXPECT_FALSE(
-      list_collection(cluster, Collection::node_named("gpu-1"), told.handlers(), version, error));
-  EXPECT_EQ(error, "listing node gpu-1 failed: HTTP 403 ");
+  std::string version;
+  const base::Status listed =
+      list_collection(cluster, Collection::node_named("gpu-1"), told.handlers(), version);
+  EXPECT_EQ(listed.message(), "listing node gpu-1 failed: HTTP 403 ");
 }
 
 LeaseSettings lease_for(const std::string& identity, bool follow = false) {

@@ -57,10 +57,11 @@ std::string write(const ScratchDirectory& scratch, const std::string& name,
 TEST(KubeClient, OutsideAClusterAServerMustBeGiven) {
   ScopedVariable host("KUBERNETES_SERVICE_HOST", nullptr);
   ApiClientOptions options;
-  std::string error;
-  EXPECT_FALSE(client_options({}, options, error));
-  EXPECT_NE(error.find("KUBERNETES_SERVICE_HOST"), std::string::npos) << error;
-  EXPECT_TRUE(client_options({.server = "http://127.0.0.1:8080"}, options, error)) << error;
+  const base::Status refused = client_options({}, options);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("KUBERNETES_SERVICE_HOST"), std::string::npos)
+      << refused.message();
+  EXPECT_TRUE(client_options({.server = "http://127.0.0.1:8080"}, options).ok());
   EXPECT_EQ(options.server, "http://127.0.0.1:8080");
   EXPECT_TRUE(options.token.empty());
 }
@@ -70,14 +71,15 @@ TEST(KubeClient, InAClusterTheServiceAndItsAccountAreUsed) {
   ScopedVariable host("KUBERNETES_SERVICE_HOST", "10.96.0.1");
   ScopedVariable port("KUBERNETES_SERVICE_PORT", "443");
   ApiClientOptions options;
-  std::string error;
   const std::string token = write(scratch, "token", "eyJhbGciOi.abc.def\n");
-  ASSERT_TRUE(client_options({.token_file = token, .ca_file = "/ca.crt"}, options, error)) << error;
+  const base::Status configured =
+      client_options({.token_file = token, .ca_file = "/ca.crt"}, options);
+  ASSERT_TRUE(configured.ok()) << configured.message();
   EXPECT_EQ(options.server, "https://10.96.0.1:443");
   EXPECT_EQ(options.token, "eyJhbGciOi.abc.def");  // without its line break
   EXPECT_EQ(options.ca_file, "/ca.crt");
   ScopedVariable v6("KUBERNETES_SERVICE_HOST", "fd00::1");
-  ASSERT_TRUE(client_options({.token_file = token}, options, error)) << error;
+  ASSERT_TRUE(client_options({.token_file = token}, options).ok());
   EXPECT_EQ(options.server, "https://[fd00::1]:443");
   EXPECT_EQ(options.ca_file, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt");
 }
@@ -91,17 +93,17 @@ TEST(KubeClient, ATokenFileThatIsNoTokenIsRefusedWithItsPath) {
   for (const auto& c : cases) {
     const std::string path = write(scratch, c.name, c.content);
     ApiClientOptions options;
-    std::string error;
-    EXPECT_FALSE(
-        client_options({.server = "http://127.0.0.1:1", .token_file = path}, options, error));
-    EXPECT_NE(error.find(c.expected), std::string::npos) << error;
-    EXPECT_NE(error.find(path), std::string::npos) << error;
+    const base::Status refused =
+        client_options({.server = "http://127.0.0.1:1", .token_file = path}, options);
+    EXPECT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find(c.expected), std::string::npos) << refused.message();
+    EXPECT_NE(refused.message().find(path), std::string::npos) << refused.message();
   }
   ApiClientOptions options;
-  std::string error;
-  EXPECT_FALSE(client_options({.server = "http://127.0.0.1:1", .token_file = scratch.file("none")},
-                              options, error));
-  EXPECT_NE(error.find(scratch.file("none")), std::string::npos) << error;
+  const base::Status refused =
+      client_options({.server = "http://127.0.0.1:1", .token_file = scratch.file("none")}, options);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find(scratch.file("none")), std::string::npos) << refused.message();
 }
 
 // What a reflector handed to the collection's owner.
@@ -165,17 +167,20 @@ TEST(KubeReflector, AListIsHandedOverWholeOrRefusedWithAReason) {
   std::thread serving([&] { server.listen_after_bind(); });  // bound: connections queue
   const ApiCluster api({.server = "http://127.0.0.1:" + std::to_string(port), .attempts = 1});
   Seen seen;
-  std::string version, error;
-  EXPECT_TRUE(list_collection(api, Collection::all_pods(), seen.handlers(), version, error))
-      << error;
+  std::string version;
+  const base::Status listed =
+      list_collection(api, Collection::all_pods(), seen.handlers(), version);
+  EXPECT_TRUE(listed.ok()) << listed.message();
   EXPECT_EQ(version, "7");
   EXPECT_EQ(seen.calls, std::vector<std::string>{"list [1,2]"});
   answer = R"({"kind":"PodList","items":{}})";
-  EXPECT_FALSE(list_collection(api, Collection::all_pods(), seen.handlers(), version, error));
-  EXPECT_NE(error.find("no items array"), std::string::npos) << error;
+  const base::Status malformed =
+      list_collection(api, Collection::all_pods(), seen.handlers(), version);
+  EXPECT_NE(malformed.message().find("no items array"), std::string::npos) << malformed.message();
   status = 403;
-  EXPECT_FALSE(list_collection(api, Collection::all_pods(), seen.handlers(), version, error));
-  EXPECT_NE(error.find("HTTP 403"), std::string::npos) << error;
+  const base::Status forbidden =
+      list_collection(api, Collection::all_pods(), seen.handlers(), version);
+  EXPECT_NE(forbidden.message().find("HTTP 403"), std::string::npos) << forbidden.message();
   EXPECT_EQ(seen.calls.size(), 1u);  // nothing more was handed over
   server.stop();
   serving.join();

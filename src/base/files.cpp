@@ -16,7 +16,7 @@ namespace tessera::base {
 
 namespace fs = std::filesystem;
 
-bool write_file_atomically(const std::string& path, std::string_view content, std::string& error) {
+Status write_file_atomically(const std::string& path, std::string_view content) {
   // Hidden, so that readers of the whole directory (node-feature-discovery's local source)
   // never take it for a file of theirs.
   const fs::path target(path);
@@ -24,8 +24,7 @@ bool write_file_atomically(const std::string& path, std::string_view content, st
       (target.parent_path() / ("." + target.filename().string() + ".tmp")).string();
   const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    error = fmt::format("cannot write {}: {}", temporary, std::strerror(errno));
-    return false;
+    return Status::failure(fmt::format("cannot write {}: {}", temporary, std::strerror(errno)));
   }
   std::size_t written = 0;
   while (written < content.size()) {
@@ -37,12 +36,13 @@ bool write_file_atomically(const std::string& path, std::string_view content, st
   const int write_errno = errno;
   const bool closed = close(fd) == 0;
   if (written != content.size() || !closed || rename(temporary.c_str(), path.c_str()) != 0) {
-    error = fmt::format("cannot write {}: {}", path,
-                        std::strerror(written != content.size() ? write_errno : errno));
+    const Status failed = Status::failure(
+        fmt::format("cannot write {}: {}", path,
+                    std::strerror(written != content.size() ? write_errno : errno)));
     unlink(temporary.c_str());
-    return false;
+    return failed;
   }
-  return true;
+  return Status::success();
 }
 
 void install_file(const std::string& source, const std::string& target) {

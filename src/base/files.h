@@ -8,12 +8,13 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
+
 namespace tessera::base {
 
 // Writes `content` to `path` through a hidden temporary beside it renamed into place, so a
-// reader sees the old file or the new one, never part of one. False with `error` naming the
-// file.
-bool write_file_atomically(const std::string& path, std::string_view content, std::string& error);
+// reader sees the old file or the new one, never part of one. A failure names the file.
+Status write_file_atomically(const std::string& path, std::string_view content);
 
 // Puts a copy of `source` at `target` through a new file renamed into place: a library in use
 // by running processes keeps its old inode. Throws std::runtime_error naming the file.

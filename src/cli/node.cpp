@@ -13,7 +13,7 @@
 #include <cstring>
 #include <thread>
 
-#include "base/mutex.h"
+#include "base/log.h"
 #include "cli/commands.h"
 #include "cli/environment.h"
 #include "cuda_abi/nvml_abi.h"
@@ -24,13 +24,9 @@
 namespace tessera::cli {
 namespace {
 
-base::Mutex log_mutex;  // one writer of stderr at a time
-
-// One line per message, whole: the agent's threads write concurrently. Never throws.
-void log_line(const std::string& text) {
-  const std::string line = "tessera node: " + text + "\n";
-  base::MutexLock locked(log_mutex);
-  std::fputs(line.c_str(), stderr);
+const base::ProgramLog& node_log() {
+  static const base::ProgramLog log("node");
+  return log;
 }
 
 std::string host_name() {
@@ -84,12 +80,12 @@ int node_command(const NodeOptions& options) {
   agent.features_dir = options.features_dir;
   agent.state_dir = options.state_dir;
   agent.pod_resources_socket = options.pod_resources_socket;
-  agent.report = log_line;
+  agent.report = node_log().reporter();
 
   const Installation installation = locate_installation();
   agent.hook_library = installation.hook_library;
   if (use_simulated_gpu(installation)) {
-    log_line("no NVIDIA driver found; using the simulated GPU");
+    node_log().info("no NVIDIA driver found; using the simulated GPU");
     agent.nvml_library = installation.simulator_dir + "/libnvidia-ml.so.1";
     agent.mps_control = installation.simulator_dir + "/nvidia-cuda-mps-control";
     agent.nvidia_smi = installation.simulator_dir + "/nvidia-smi";
@@ -98,14 +94,12 @@ int node_command(const NodeOptions& options) {
   if (!options.nvidia_smi.empty()) agent.nvidia_smi = options.nvidia_smi;
   if (!options.api_server.empty() || kube::in_cluster()) {
     kube::ApiClientOptions api;
-    std::string problem;
-    if (!kube::client_options({.server = options.api_server,
-                               .token_file = options.token_file,
-                               .ca_file = options.ca_file,
-                               .timeout_ms = 5000},
-                              api, problem)) {
-      throw std::runtime_error(problem);
-    }
+    const base::Status configured = kube::client_options({.server = options.api_server,
+                                                          .token_file = options.token_file,
+                                                          .ca_file = options.ca_file,
+                                                          .timeout_ms = 5000},
+                                                         api);
+    if (!configured.ok()) throw std::runtime_error(configured.message());
     agent.cluster = std::make_unique<kube::ApiCluster>(api);
   }
 
@@ -137,7 +131,7 @@ int node_command(const NodeOptions& options) {
                           : (metrics.bind_to_port(metrics_host, metrics_port) ? metrics_port : -1);
     if (bound < 0)
       throw std::runtime_error(fmt::format("cannot listen on {}", options.metrics_listen));
-    log_line(fmt::format("metrics on http://{}:{}/metrics", metrics_host, bound));
+    node_log().info(fmt::format("metrics on http://{}:{}/metrics", metrics_host, bound));
     serving = std::thread([&metrics, &served] {
       metrics.listen_after_bind();
       served = true;
@@ -147,7 +141,7 @@ int node_command(const NodeOptions& options) {
   std::fflush(stdout);
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  log_line(fmt::format("stopping ({})", strsignal(signal)));
+  node_log().info(fmt::format("stopping ({})", strsignal(signal)));
   if (serving.joinable()) {
     // A stop that comes before the server runs is lost on it (cpp-httplib): asked until it ends.
     while (!served) {

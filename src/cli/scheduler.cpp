@@ -16,6 +16,7 @@
 #include <string_view>
 #include <thread>
 
+#include "base/log.h"
 #include "cli/commands.h"
 #include "cli/serving_certificate.h"
 #include "extender/extender.h"
@@ -25,10 +26,15 @@
 namespace tessera::cli {
 namespace {
 
-// Never throws: a closed or full stderr must not take the scheduler down.
+const base::ProgramLog& scheduler_log() {
+  static const base::ProgramLog log("scheduler");
+  return log;
+}
+
+// What the scheduler's parts report: failures of the API server, objects that cannot be
+// read, certificates that cannot be used. Never throws.
 void report(const std::string& failure) {
-  const std::string line = "tessera scheduler: " + failure + "\n";
-  std::fputs(line.c_str(), stderr);
+  scheduler_log().warning(failure);
 }
 
 // How the HTTP server meets slow and idle clients: enough threads that a few of them cannot
@@ -122,16 +128,16 @@ int scheduler_command(const SchedulerOptions& options) {
   httplib::Server& server = *serving;
 
   kube::ApiClientOptions api;
-  std::string problem;
-  if (!kube::client_options({.server = options.api_server,
-                             .token_file = options.token_file,
-                             .ca_file = options.ca_file,
-                             .timeout_ms = options.timeout_ms},
-                            api, problem)) {
+  const base::Status configured = kube::client_options({.server = options.api_server,
+                                                        .token_file = options.token_file,
+                                                        .ca_file = options.ca_file,
+                                                        .timeout_ms = options.timeout_ms},
+                                                       api);
+  if (!configured.ok()) {
     if (options.api_server.empty() && !kube::in_cluster()) {
       throw UsageError("--api-server is required outside a cluster");
     }
-    throw std::runtime_error(problem);
+    throw std::runtime_error(configured.message());
   }
 
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-answer is an error, not a signal
@@ -143,8 +149,9 @@ int scheduler_command(const SchedulerOptions& options) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   extender::Extender extender(policy, std::make_unique<kube::ApiCluster>(api), report);
-  std::string error;
-  if (!extender.sync(error)) report(error + " (will retry)");
+  if (const base::Status synced = extender.sync(); !synced.ok()) {
+    report(synced.message() + " (will retry)");
+  }
   const kube::ApiCluster election_cluster(api);
   std::unique_ptr<kube::LeaderElector> elector;
   if (elects) {
@@ -210,16 +217,16 @@ int scheduler_command(const SchedulerOptions& options) {
     if (!elector) return;
     elector->run(stopping, [&](bool leading) {
       if (!leading) {
-        report(fmt::format("no longer the leader (lease {}/{})", lease.namespace_name, lease.name));
+        scheduler_log().info(
+            fmt::format("no longer the leader (lease {}/{})", lease.namespace_name, lease.name));
         return true;
       }
-      std::string failure;
-      if (!extender.sync(failure)) {
-        report(failure + " (not leading until the state is read)");
+      if (const base::Status synced = extender.sync(); !synced.ok()) {
+        report(synced.message() + " (not leading until the state is read)");
         return false;
       }
-      report(fmt::format("leading as {} (lease {}/{})", lease.identity, lease.namespace_name,
-                         lease.name));
+      scheduler_log().info(fmt::format("leading as {} (lease {}/{})", lease.identity,
+                                       lease.namespace_name, lease.name));
       return true;
     });
   });

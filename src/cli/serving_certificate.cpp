@@ -53,7 +53,7 @@ File open_pem(const std::string& path, std::string& why) {
 }  // namespace
 
 ServingCertificate::ServingCertificate(std::string certificate_file, std::string key_file,
-                                       Reporter report)
+                                       base::Reporter report)
     : certificate_file_(std::move(certificate_file)),
       key_file_(std::move(key_file)),
       report_(std::move(report)) {

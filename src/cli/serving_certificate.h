@@ -12,15 +12,15 @@
 #include <memory>
 #include <string>
 
+#include "base/log.h"
 #include "base/mutex.h"
 
 namespace tessera::cli {
 
 class ServingCertificate {
  public:
-  using Reporter = std::function<void(const std::string&)>;
   // Throws std::runtime_error naming the file at fault if the pair cannot serve now.
-  ServingCertificate(std::string certificate_file, std::string key_file, Reporter report);
+  ServingCertificate(std::string certificate_file, std::string key_file, base::Reporter report);
   ~ServingCertificate();
   ServingCertificate(const ServingCertificate&) = delete;
   ServingCertificate& operator=(const ServingCertificate&) = delete;
@@ -45,7 +45,7 @@ class ServingCertificate {
   static int choose(SSL* connection, void* self);
 
   const std::string certificate_file_, key_file_;
-  const Reporter report_;
+  const base::Reporter report_;
   base::Mutex mutex_;  // handshakes on several threads ask for the pair at once
   std::shared_ptr<const Pair> serving_ GUARDED_BY(mutex_);
   // Of the files when last read, served or not.

@@ -8,13 +8,17 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "contract/variables.h"
+
 namespace tessera {
 namespace {
 
 std::atomic<int> cached_level{-1};
 
-LogLevel parse_level(const char* value) {
-  if (value == nullptr) return LogLevel::error;
+}  // namespace
+
+bool parse_log_level(const char* value, LogLevel& level) {
+  if (value == nullptr) return false;
   static constexpr struct {
     const char* name;
     LogLevel level;
@@ -24,12 +28,15 @@ LogLevel parse_level(const char* value) {
                  {"info", LogLevel::info},
                  {"debug", LogLevel::debug}};
   for (const auto& entry : kLevels) {
-    if (std::strcmp(value, entry.name) == 0) return entry.level;
+    if (std::strcmp(value, entry.name) == 0) {
+      level = entry.level;
+      return true;
+    }
   }
-  return LogLevel::error;
+  return false;
 }
 
-const char* level_name(LogLevel level) {
+const char* log_level_name(LogLevel level) {
   switch (level) {
     case LogLevel::error:
       return "error";
@@ -45,12 +52,12 @@ const char* level_name(LogLevel level) {
   return "";
 }
 
-}  // namespace
-
 LogLevel log_level() {
   int level = cached_level.load(std::memory_order_relaxed);
   if (level < 0) {
-    level = static_cast<int>(parse_level(std::getenv("TESSERA_LOG_LEVEL")));
+    LogLevel chosen = LogLevel::error;  // unset or unknown: only what disables CUDA
+    parse_log_level(std::getenv(contract::kLogLevelVariable), chosen);
+    level = static_cast<int>(chosen);
     cached_level.store(level, std::memory_order_relaxed);
   }
   return static_cast<LogLevel>(level);
@@ -60,7 +67,7 @@ void log(LogLevel level, const char* component, const char* format, ...) {
   if (level == LogLevel::off || static_cast<int>(level) > static_cast<int>(log_level())) return;
   char line[1024];
   int length = std::snprintf(line, sizeof line, "tessera %s[%d] %s: ", component,
-                             static_cast<int>(getpid()), level_name(level));
+                             static_cast<int>(getpid()), log_level_name(level));
   if (length < 0) return;
   va_list args;
   va_start(args, format);

@@ -82,31 +82,27 @@ OwnerRecord owner_record_from_json(const nlohmann::json& json) {
   return record;
 }
 
-bool write_owner_record(const std::string& path, const OwnerRecord& record, std::string& error) {
-  return base::write_file_atomically(
-      path, kube::dump_outside_json(owner_record_json(record)) + "\n", error);
+base::Status write_owner_record(const std::string& path, const OwnerRecord& record) {
+  return base::write_file_atomically(path,
+                                     kube::dump_outside_json(owner_record_json(record)) + "\n");
 }
 
-std::optional<OwnerRecord> read_owner_record(const std::string& path, std::string& error) {
+base::Status read_owner_record(const std::string& path, OwnerRecord& record) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    error = fmt::format("{}: cannot be read", path);
-    return std::nullopt;
-  }
+  if (!in) return base::Status::failure(fmt::format("{}: cannot be read", path));
   std::string text;
   text.resize(kMostRecordBytes + 1);
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(in.gcount()));
   if (text.size() > kMostRecordBytes) {
-    error = fmt::format("{}: larger than {} bytes", path, kMostRecordBytes);
-    return std::nullopt;
+    return base::Status::failure(fmt::format("{}: larger than {} bytes", path, kMostRecordBytes));
   }
   try {
-    return owner_record_from_json(kube::parse_outside_json(text));
+    record = owner_record_from_json(kube::parse_outside_json(text));
   } catch (const std::exception& failure) {
-    error = fmt::format("{}: {}", path, failure.what());
-    return std::nullopt;
+    return base::Status::failure(fmt::format("{}: {}", path, failure.what()));
   }
+  return base::Status::success();
 }
 
 }  // namespace tessera::contract

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
+
 namespace tessera::contract {
 
 struct OwnerRecord {
@@ -28,9 +30,9 @@ nlohmann::json owner_record_json(const OwnerRecord& record);
 // Throws std::runtime_error naming the field at fault.
 OwnerRecord owner_record_from_json(const nlohmann::json& json);
 
-// Replaces the file at `path` at once (a temporary renamed into place). False with `error`.
-bool write_owner_record(const std::string& path, const OwnerRecord& record, std::string& error);
-// The record at `path`; nullopt with `error` if it is missing, too large or not a record.
-std::optional<OwnerRecord> read_owner_record(const std::string& path, std::string& error);
+// Replaces the file at `path` at once (a temporary renamed into place).
+base::Status write_owner_record(const std::string& path, const OwnerRecord& record);
+// The record at `path`, in `record`; a failure if it is missing, too large or not a record.
+base::Status read_owner_record(const std::string& path, OwnerRecord& record);
 
 }  // namespace tessera::contract

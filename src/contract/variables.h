@@ -17,6 +17,9 @@ inline constexpr const char* kPriorityToleranceVariable = "TESSERA_PRIORITY_TOLE
 // How long the hook waits for its ledger to be written (a container started before the node
 // agent's PreStartContainer has finished), in milliseconds.
 inline constexpr const char* kLedgerWaitVariable = "TESSERA_LEDGER_WAIT_MS";
+// How much the hook and Tessera's own programs log: off, error, warn, info or debug
+// (common/log.h for the hook, base/log.h for the programs, which differ in their default).
+inline constexpr const char* kLogLevelVariable = "TESSERA_LOG_LEVEL";
 
 // HAMi's, read alike so containers set up for HAMi work unchanged.
 inline constexpr const char* kHamiMemoryLimitVariable = "CUDA_DEVICE_MEMORY_LIMIT";  // and _<i>

@@ -32,7 +32,7 @@ bool holds_the_same(const Hold& old, const Hold& hold) {
 
 }  // namespace
 
-ClusterState::ClusterState(kube::Reporter report)
+ClusterState::ClusterState(base::Reporter report)
     : report_(std::move(report)), cluster_(std::make_unique<Cluster>(std::vector<NodeSpec>{})) {}
 
 void ClusterState::say(const std::string& problem) const {

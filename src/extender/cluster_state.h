@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/log.h"
 #include "extender/cluster_objects.h"
 #include "extender/metrics.h"
 #include "kube/reflector.h"
@@ -44,7 +45,7 @@ class ClusterState {
  public:
   using Clock = std::chrono::steady_clock;
   // `report` hears of what cannot be offered or held (never throws; may be empty).
-  explicit ClusterState(kube::Reporter report = {});
+  explicit ClusterState(base::Reporter report = {});
 
   // --- nodes
   // Whether `info` is the node as known (a status update changes nothing Tessera uses).
@@ -94,7 +95,7 @@ class ClusterState {
   void measure_workload_if_moved();
   void say(const std::string& problem) const;
 
-  kube::Reporter report_;
+  base::Reporter report_;
   std::map<std::string, NodeInfo> nodes_;
   std::map<std::string, Hold> holds_;  // by pod UID
   // This extender's binds, by pod UID, and when: held across a list read before they landed.

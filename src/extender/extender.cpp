@@ -24,8 +24,8 @@ kube::Collection collection_of(Extender::Resource resource) {
 
 }  // namespace
 
-Extender::Extender(Policy default_policy, std::unique_ptr<kube::Cluster> cluster, Reporter report,
-                   ExtenderLimits limits)
+Extender::Extender(Policy default_policy, std::unique_ptr<kube::Cluster> cluster,
+                   base::Reporter report, ExtenderLimits limits)
     : default_policy_(default_policy),
       cluster_(std::move(cluster)),
       report_(std::move(report)),
@@ -332,12 +332,13 @@ kube::CollectionHandlers Extender::handlers(Resource resource) {
           }};
 }
 
-bool Extender::sync(std::string& error) {
+base::Status Extender::sync() {
   std::string version;
-  return kube::list_collection(*cluster_, collection_of(Resource::nodes), handlers(Resource::nodes),
-                               version, error) &&
-         kube::list_collection(*cluster_, collection_of(Resource::pods), handlers(Resource::pods),
-                               version, error);
+  const base::Status nodes = kube::list_collection(*cluster_, collection_of(Resource::nodes),
+                                                   handlers(Resource::nodes), version);
+  if (!nodes.ok()) return nodes;
+  return kube::list_collection(*cluster_, collection_of(Resource::pods), handlers(Resource::pods),
+                               version);
 }
 
 kube::WatchEnd Extender::apply_event(Resource resource, const std::string& line,
@@ -346,7 +347,7 @@ kube::WatchEnd Extender::apply_event(Resource resource, const std::string& line,
 }
 
 void Extender::follow(Resource resource, const std::atomic<bool>& stop,
-                      const kube::Reporter& report) {
+                      const base::Reporter& report) {
   kube::follow_collection(*cluster_, collection_of(resource), handlers(resource), stop, report);
 }
 

@@ -24,6 +24,7 @@
 #include <string>
 #include <utility>
 
+#include "base/log.h"
 #include "base/mutex.h"
 #include "extender/cluster_objects.h"
 #include "extender/cluster_state.h"
@@ -42,10 +43,9 @@ struct ExtenderLimits {
 
 class Extender {
  public:
-  using Reporter = kube::Reporter;
   // `report` hears of objects that could not be read (never throws; may be empty).
-  Extender(Policy default_policy, std::unique_ptr<kube::Cluster> cluster, Reporter report = {},
-           ExtenderLimits limits = {});
+  Extender(Policy default_policy, std::unique_ptr<kube::Cluster> cluster,
+           base::Reporter report = {}, ExtenderLimits limits = {});
 
   HttpReply filter(const std::string& body);
   HttpReply prioritize(const std::string& body);
@@ -58,13 +58,13 @@ class Extender {
   void bind_only_while(std::function<bool()> leading);
 
   // Lists nodes and pods from the API server and rebuilds the allocation state from the
-  // pods' assignments. False (state kept) if the API server could not be read.
-  bool sync(std::string& error);
+  // pods' assignments. A failure (state kept) if the API server could not be read.
+  base::Status sync();
 
   enum class Resource { nodes, pods };
   // Keeps the state of `resource` current until `stop` (kube::follow_collection); failures
   // are passed to `report`. Never throws.
-  void follow(Resource resource, const std::atomic<bool>& stop, const kube::Reporter& report);
+  void follow(Resource resource, const std::atomic<bool>& stop, const base::Reporter& report);
   // Applies one line of a watch of `resource` (what follow does with each); says whether the
   // watch must end, and if it broke, why. `version` follows the events' resourceVersion.
   kube::WatchEnd apply_event(Resource resource, const std::string& line, std::string& version,
@@ -93,7 +93,7 @@ class Extender {
 
   Policy default_policy_;
   std::unique_ptr<kube::Cluster> cluster_;
-  Reporter report_;
+  base::Reporter report_;
   ExtenderLimits limits_;
   std::atomic<int> binds_in_flight_{0};
   std::function<bool()> leading_;  // set before serving; empty: always leads

@@ -174,7 +174,7 @@ HttpReply bind_result(const std::string& error) {
 }
 
 std::optional<Hold> hold_of(const nlohmann::json& pod, const std::string& uid,
-                            const kube::Reporter& report) {
+                            const base::Reporter& report) {
   auto say = [&report](const std::string& problem) {
     if (!report) return;
     try {

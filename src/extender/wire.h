@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/log.h"
 #include "extender/cluster_objects.h"
 #include "extender/cluster_state.h"
 #include "kube/reflector.h"
@@ -53,7 +54,7 @@ HttpReply bind_result(const std::string& error);
 
 // What a listed or watched pod holds, if anything; problems go to `report`.
 std::optional<Hold> hold_of(const nlohmann::json& pod, const std::string& uid,
-                            const kube::Reporter& report);
+                            const base::Reporter& report);
 // What a listed or watched pod waiting for a node asks for, if it can be read.
 std::optional<PodRequest> pending_of(const nlohmann::json& pod);
 

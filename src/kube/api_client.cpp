@@ -26,27 +26,25 @@ bool worth_retrying(const ApiResponse& response) {
 constexpr const char* kServiceAccount = "/var/run/secrets/kubernetes.io/serviceaccount";
 constexpr std::size_t kMostTokenBytes = 64 << 10;  // a service account's JWT is a few KiB
 
-// A token file's content without its final line break; false if it cannot be read or is
+// A token file's content without its final line break; a failure if it cannot be read or is
 // larger than any token.
-bool read_token(const std::string& path, std::string& token, std::string& error) {
+base::Status read_token(const std::string& path, std::string& token) {
   std::ifstream input(path, std::ios::binary);
   if (!input) {
-    error = "cannot read the token file " + path;
-    return false;
+    return base::Status::failure("cannot read the token file " + path);
   }
   token.assign(kMostTokenBytes + 1, '\0');
   input.read(token.data(), static_cast<std::streamsize>(token.size()));
   token.resize(static_cast<std::size_t>(input.gcount()));
   if (token.size() > kMostTokenBytes) {
-    error = "the token file " + path + " is larger than any token";
-    return false;
+    return base::Status::failure("the token file " + path + " is larger than any token");
   }
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   if (token.find_first_of("\r\n") != std::string::npos || token.find('\0') != std::string::npos) {
-    error = "the token file " + path + " holds more than one line";  // no header injection
-    return false;
+    // No header injection.
+    return base::Status::failure("the token file " + path + " holds more than one line");
   }
-  return true;
+  return base::Status::success();
 }
 
 }  // namespace
@@ -57,15 +55,15 @@ bool in_cluster() {
   return host != nullptr && port != nullptr && *host != '\0' && *port != '\0';
 }
 
-bool client_options(const Connection& connection, ApiClientOptions& options, std::string& error) {
+base::Status client_options(const Connection& connection, ApiClientOptions& options) {
   options.server = connection.server;
   options.timeout_ms = connection.timeout_ms;
   std::string token_file = connection.token_file;
   options.ca_file = connection.ca_file;
   if (options.server.empty()) {  // inside a cluster: the service account
     if (!in_cluster()) {
-      error = "no API server given, and not in a cluster (KUBERNETES_SERVICE_HOST is not set)";
-      return false;
+      return base::Status::failure(
+          "no API server given, and not in a cluster (KUBERNETES_SERVICE_HOST is not set)");
     }
     const char* host = std::getenv("KUBERNETES_SERVICE_HOST");
     const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
@@ -76,7 +74,7 @@ bool client_options(const Connection& connection, ApiClientOptions& options, std
     if (options.ca_file.empty()) options.ca_file = std::string(kServiceAccount) + "/ca.crt";
   }
   options.token.clear();
-  return token_file.empty() || read_token(token_file, options.token, error);
+  return token_file.empty() ? base::Status::success() : read_token(token_file, options.token);
 }
 
 ApiClient::ApiClient(ApiClientOptions options) : options_(std::move(options)) {

@@ -8,6 +8,8 @@
 #include <functional>
 #include <string>
 
+#include "base/status.h"
+
 namespace tessera::kube {
 
 struct ApiResponse {
@@ -39,9 +41,9 @@ struct Connection {
 // Whether this process runs in a pod, as the API server's service variables say.
 bool in_cluster();
 // Client options for `connection`: in a pod, KUBERNETES_SERVICE_HOST and _PORT and the
-// service account's token and CA fill what it leaves empty. False with the reason in `error`
-// when no server is given outside a cluster, or a file cannot be read.
-bool client_options(const Connection& connection, ApiClientOptions& options, std::string& error);
+// service account's token and CA fill what it leaves empty. A failure when no server is given
+// outside a cluster, or a file cannot be read.
+base::Status client_options(const Connection& connection, ApiClientOptions& options);
 
 using Deadline = std::chrono::steady_clock::time_point;
 

@@ -92,7 +92,7 @@ std::string why_not_valid(const LeaseSettings& settings) {
   return {};
 }
 
-LeaderElector::LeaderElector(const Cluster& cluster, LeaseSettings settings, Reporter report)
+LeaderElector::LeaderElector(const Cluster& cluster, LeaseSettings settings, base::Reporter report)
     : cluster_(cluster), settings_(std::move(settings)), report_(std::move(report)) {}
 
 ObjectName LeaderElector::lease() const {

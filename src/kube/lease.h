@@ -16,6 +16,7 @@
 #include <functional>
 #include <string>
 
+#include "base/log.h"
 #include "kube/cluster.h"
 #include "kube/reflector.h"
 
@@ -38,7 +39,7 @@ std::string why_not_valid(const LeaseSettings& settings);
 class LeaderElector {
  public:
   // `report` hears of API server failures, once per change of what fails.
-  LeaderElector(const Cluster& cluster, LeaseSettings settings, Reporter report = {});
+  LeaderElector(const Cluster& cluster, LeaseSettings settings, base::Reporter report = {});
 
   // One round: reads the Lease, takes it if free or expired, renews it if held. Returns
   // whether this replica holds it now.
@@ -68,7 +69,7 @@ class LeaderElector {
 
   const Cluster& cluster_;
   LeaseSettings settings_;
-  Reporter report_;
+  base::Reporter report_;
   // The Lease's record as last read (holder, times, transitions), and when it last changed on
   // this replica's clock: expiry is judged from that, never from the holder's clock.
   std::string observed_record_;

@@ -29,13 +29,12 @@ void pause_for(std::chrono::milliseconds length, const std::atomic<bool>& stop) 
 
 }  // namespace
 
-bool list_collection(const Cluster& cluster, const Collection& collection,
-                     const CollectionHandlers& handlers, std::string& version, std::string& error) {
+base::Status list_collection(const Cluster& cluster, const Collection& collection,
+                             const CollectionHandlers& handlers, std::string& version) {
   const ApiResponse listed = cluster.list(collection, Deadline::max());
   if (listed.status != 200) {
-    error = fmt::format("listing {} failed: HTTP {} {}", collection.describe(), listed.status,
-                        listed.error);
-    return false;
+    return base::Status::failure(fmt::format("listing {} failed: HTTP {} {}", collection.describe(),
+                                             listed.status, listed.error));
   }
   try {
     const nlohmann::json body = parse_outside_json(listed.body);
@@ -45,11 +44,10 @@ bool list_collection(const Cluster& cluster, const Collection& collection,
     version = version_of(body);
     handlers.replace(body["items"]);
   } catch (const std::exception& failure) {
-    error = fmt::format("the API server's list of {} is malformed: {}", collection.describe(),
-                        failure.what());
-    return false;
+    return base::Status::failure(fmt::format("the API server's list of {} is malformed: {}",
+                                             collection.describe(), failure.what()));
   }
-  return true;
+  return base::Status::success();
 }
 
 WatchEnd apply_watch_line(const std::string& line, const CollectionHandlers& handlers,
@@ -96,7 +94,7 @@ WatchEnd apply_watch_line(const std::string& line, const CollectionHandlers& han
 
 void follow_collection(const Cluster& cluster, const Collection& collection,
                        const CollectionHandlers& handlers, const std::atomic<bool>& stop,
-                       const Reporter& report) {
+                       const base::Reporter& report) {
   auto tell = [&report](const std::string& text) {
     try {
       if (report) report(text);
@@ -114,8 +112,9 @@ void follow_collection(const Cluster& cluster, const Collection& collection,
   while (!stop) {
     try {
       std::string version, error;
-      if (!list_collection(cluster, collection, handlers, version, error)) {
-        tell(error);
+      if (const base::Status listed = list_collection(cluster, collection, handlers, version);
+          !listed.ok()) {
+        tell(listed.message());
         pause_for(std::chrono::seconds(1), stop);
         continue;
       }

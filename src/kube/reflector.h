@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "base/log.h"
+#include "base/status.h"
 #include "kube/cluster.h"
 
 namespace tessera::kube {
@@ -24,12 +26,10 @@ struct CollectionHandlers {
   std::function<void(std::string_view type, const nlohmann::json& object)> apply;
 };
 
-using Reporter = std::function<void(const std::string&)>;
-
-// Lists `collection` into `handlers`; the list's version in `version`. False with the reason
-// in `error` if it cannot be read.
-bool list_collection(const Cluster& cluster, const Collection& collection,
-                     const CollectionHandlers& handlers, std::string& version, std::string& error);
+// Lists `collection` into `handlers`; the list's version in `version`. A failure if it cannot
+// be read.
+base::Status list_collection(const Cluster& cluster, const Collection& collection,
+                             const CollectionHandlers& handlers, std::string& version);
 
 enum class WatchEnd { not_yet, expired, broken };
 // Applies one line of a watch (one event); says whether the watch must end, and if it broke,
@@ -40,6 +40,6 @@ WatchEnd apply_watch_line(const std::string& line, const CollectionHandlers& han
 // Lists and watches `collection` until `stop`; failures go to `report`. Never throws.
 void follow_collection(const Cluster& cluster, const Collection& collection,
                        const CollectionHandlers& handlers, const std::atomic<bool>& stop,
-                       const Reporter& report);
+                       const base::Reporter& report);
 
 }  // namespace tessera::kube

@@ -231,9 +231,8 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
       say(fmt::format("{} cannot be served: {}", name, failure.what()));
       continue;
     }
-    std::string error;
-    if (!server->register_with_kubelet(error)) {
-      say(error + " (retrying)");
+    if (const base::Status registered = server->register_with_kubelet(); !registered.ok()) {
+      say(registered.message() + " (retrying)");
       unregistered_.push_back(name);
     } else {
       say(fmt::format("serving {} on {}", name, server->socket_path()));
@@ -331,13 +330,12 @@ void NodeAgent::register_all(bool restart_servers) {
         std::find(unregistered_.begin(), unregistered_.end(), name) == unregistered_.end()) {
       continue;
     }
-    std::string error;
     try {
       if (restart_servers) server->start();  // the kubelet removed the old socket
     } catch (const std::exception& failure) {
       say(failure.what());
     }
-    if (!server->register_with_kubelet(error)) {
+    if (!server->register_with_kubelet().ok()) {
       if (std::find(unregistered_.begin(), unregistered_.end(), name) == unregistered_.end()) {
         unregistered_.push_back(name);
       }

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/log.h"
 #include "base/mutex.h"
 #include "contract/host_layout.h"
 #include "kube/cluster.h"
@@ -53,8 +54,8 @@ struct NodeAgentOptions {
   std::chrono::milliseconds mps_check_every{1000};
   std::chrono::milliseconds recovery_quiet{60000};
   ReplicaPolicy replica_policy = ReplicaPolicy::distributed;
-  std::unique_ptr<kube::Cluster> cluster;          // null: no cluster
-  std::function<void(const std::string&)> report;  // the log; never throws
+  std::unique_ptr<kube::Cluster> cluster;  // null: no cluster
+  base::Reporter report;                   // the log; never throws
 };
 
 class NodeAgent {

@@ -62,7 +62,7 @@ const char* timeslice_name(int timeslice) {
 }
 
 bool apply_compute_timeslice(const std::string& nvidia_smi, const Inventory& inventory,
-                             int timeslice, const std::function<void(const std::string&)>& report) {
+                             int timeslice, const base::Reporter& report) {
   bool all = true;
   for (const GpuInfo& gpu : inventory.gpus) {
     std::string why;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "base/log.h"
 #include "node/nvml.h"
 
 namespace tessera::node {
@@ -15,7 +16,7 @@ namespace tessera::node {
 // running `nvidia_smi` (looked up on PATH without a '/'); says what happened through `report`.
 // Returns whether every GPU took it.
 bool apply_compute_timeslice(const std::string& nvidia_smi, const Inventory& inventory,
-                             int timeslice, const std::function<void(const std::string&)>& report);
+                             int timeslice, const base::Reporter& report);
 
 // "default", "short", "medium" or "long".
 const char* timeslice_name(int timeslice);

@@ -166,7 +166,7 @@ std::vector<AssignedPlace> assigned_places(const Resource& resource, const kube:
 
 ContainerGrants::ContainerGrants(contract::StateLayout layout, const kube::Cluster* cluster,
                                  std::string node_name, std::unique_ptr<PodResourcesClient> kubelet,
-                                 Reporter report)
+                                 base::Reporter report)
     : layout_(std::move(layout)),
       cluster_(cluster),
       node_name_(std::move(node_name)),
@@ -195,10 +195,11 @@ void ContainerGrants::prepare(const Inventory& inventory) {
   // Allocation order continues from the containers this node has already.
   std::uint64_t newest = 0;
   for (const auto& entry : fs::directory_iterator(layout_.containers(), error)) {
-    std::string unreadable;
-    const auto record = contract::read_owner_record(
-        layout_.owner_record(entry.path().filename().string()), unreadable);
-    if (record) newest = std::max(newest, record->sequence);
+    contract::OwnerRecord record;
+    if (contract::read_owner_record(layout_.owner_record(entry.path().filename().string()), record)
+            .ok()) {
+      newest = std::max(newest, record.sequence);
+    }
   }
   sequence_ = newest;
   repair_coordination(inventory);
@@ -278,9 +279,10 @@ ContainerGrants::Made ContainerGrants::make_container(ContainerAllocation& alloc
       allocation.envs[name] = value;
     }
   }
-  std::string failure;
-  if (!contract::write_owner_record(layout_.owner_record(made.id), made.record, failure)) {
-    throw AllocationError(failure);
+  if (const base::Status written =
+          contract::write_owner_record(layout_.owner_record(made.id), made.record);
+      !written.ok()) {
+    throw AllocationError(written.message());
   }
   return made;
 }
@@ -355,13 +357,15 @@ std::string ContainerGrants::find_container(const std::string& resource,
   std::string newest;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(layout_.containers(), error)) {
-    std::string unreadable;
-    const auto found = contract::read_owner_record(
-        layout_.owner_record(entry.path().filename().string()), unreadable);
-    if (!found || found->resource != resource || found->device_ids != ids) continue;
-    if (newest.empty() || found->sequence > record.sequence) {
+    contract::OwnerRecord found;
+    if (!contract::read_owner_record(layout_.owner_record(entry.path().filename().string()), found)
+             .ok() ||
+        found.resource != resource || found.device_ids != ids) {
+      continue;
+    }
+    if (newest.empty() || found.sequence > record.sequence) {
       newest = entry.path().filename().string();
-      record = *found;
+      record = found;
     }
   }
   return newest;
@@ -384,9 +388,12 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
                     "(tessera node --pod-resources-socket)",
                     resource.name, id_list(ids)));
   }
-  std::string why;
-  const std::optional<DeviceHolder> holder = kubelet_->holder_of(resource.name, ids, why);
-  if (!holder) throw AllocationError(fmt::format("{}; its limits cannot be known", why));
+  DeviceHolder found_holder;
+  if (const base::Status asked = kubelet_->holder_of(resource.name, ids, found_holder);
+      !asked.ok()) {
+    throw AllocationError(fmt::format("{}; its limits cannot be known", asked.message()));
+  }
+  const DeviceHolder* holder = &found_holder;
   const std::string label = holder->pod_namespace + "/" + holder->pod_name;
   const kube::Deadline deadline = std::chrono::steady_clock::now() + kCallBudget;
   const kube::ApiResponse read =
@@ -420,9 +427,9 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   record.container = holder->container;
   write_ledger(id, record, grant);
   record.limits_written = true;
-  std::string failure;
-  if (!contract::write_owner_record(layout_.owner_record(id), record, failure)) {
-    throw AllocationError(failure);
+  if (const base::Status written = contract::write_owner_record(layout_.owner_record(id), record);
+      !written.ok()) {
+    throw AllocationError(written.message());
   }
   report_(fmt::format("{}: {} on GPU(s) {}: memory {}, cores {}{}, priority {} ({})", resource.name,
                       id_list(ids), fmt::join(grant.gpus, ","), fmt::join(grant.memory_bytes, ","),
@@ -481,8 +488,7 @@ std::vector<std::string> ContainerGrants::prefer(
   // The containers being admitted: known to the kubelet, asking for `size` of the resource,
   // holding none of it yet. A kubelet admits pods one at a time, so there is one.
   std::vector<KubeletPod> kubelet_pods;
-  std::string why;
-  if (!kubelet_->list(kubelet_pods, why)) return fallback();
+  if (!kubelet_->list(kubelet_pods).ok()) return fallback();
   const kube::ApiResponse listed = cluster_->list(kube::Collection::pods_on_node(node_name_),
                                                   std::chrono::steady_clock::now() + kCallBudget);
   if (listed.status != 200) return fallback();
@@ -562,14 +568,14 @@ int ContainerGrants::collect(const std::set<std::string>& live_pod_uids) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(layout_.containers(), error)) {
     const std::string id = entry.path().filename().string();
-    std::string unreadable;
-    const auto record = contract::read_owner_record(layout_.owner_record(id), unreadable);
-    if (record && !record->pod_uid.empty() && live_pod_uids.contains(record->pod_uid)) continue;
+    contract::OwnerRecord record;
+    const bool readable = contract::read_owner_record(layout_.owner_record(id), record).ok();
+    if (readable && !record.pod_uid.empty() && live_pod_uids.contains(record.pod_uid)) continue;
     // A container not yet known by its pod may still be starting (an image pull takes minutes):
     // it stays a day.
     std::error_code age_error;
     const auto written = fs::last_write_time(layout_.owner_record(id), age_error);
-    if ((!record || record->pod_uid.empty()) &&
+    if ((!readable || record.pod_uid.empty()) &&
         (age_error || fs::file_time_type::clock::now() - written < kUnstartedKept)) {
       continue;
     }

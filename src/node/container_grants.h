@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "base/log.h"
 #include "common/priority.h"
 #include "contract/host_layout.h"
 #include "contract/owner_record.h"
@@ -87,11 +88,10 @@ std::vector<AssignedPlace> assigned_places(const Resource& resource, const kube:
 
 class ContainerGrants {
  public:
-  using Reporter = std::function<void(const std::string&)>;
   // `cluster` may be null (no cluster: the defaults always); so may `kubelet` (then a container
   // whose limits need its pod cannot start, and says why).
   ContainerGrants(contract::StateLayout layout, const kube::Cluster* cluster, std::string node_name,
-                  std::unique_ptr<PodResourcesClient> kubelet, Reporter report);
+                  std::unique_ptr<PodResourcesClient> kubelet, base::Reporter report);
 
   // Makes the directories, the preload file and every device's coordination file (repairing
   // one written over). Throws std::runtime_error.
@@ -153,7 +153,7 @@ class ContainerGrants {
   const kube::Cluster* cluster_;
   std::string node_name_;
   std::unique_ptr<PodResourcesClient> kubelet_;
-  Reporter report_;
+  base::Reporter report_;
   std::atomic<std::uint64_t> sequence_{0};
   mutable std::atomic<std::uint64_t> rewritten_{0};
 };

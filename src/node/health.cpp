@@ -177,7 +177,8 @@ std::map<std::uint64_t, std::uint64_t> HealthBoard::events() const {
 }
 
 HealthMonitor::HealthMonitor(Nvml& nvml, const Inventory& inventory, HealthPolicy policy,
-                             HealthBoard& board, std::function<void()> changed, Reporter report)
+                             HealthBoard& board, std::function<void()> changed,
+                             base::Reporter report)
     : nvml_(nvml),
       inventory_(inventory),
       policy_(std::move(policy)),

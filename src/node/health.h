@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/log.h"
 #include "base/mutex.h"
 #include "node/config.h"
 #include "node/nvml.h"
@@ -79,9 +80,8 @@ class HealthBoard {
 // Waits on an NVML event set and feeds the board; calls `changed` after every health change.
 class HealthMonitor {
  public:
-  using Reporter = std::function<void(const std::string&)>;
   HealthMonitor(Nvml& nvml, const Inventory& inventory, HealthPolicy policy, HealthBoard& board,
-                std::function<void()> changed, Reporter report);
+                std::function<void()> changed, base::Reporter report);
   ~HealthMonitor();
   HealthMonitor(const HealthMonitor&) = delete;
   HealthMonitor& operator=(const HealthMonitor&) = delete;
@@ -93,7 +93,7 @@ class HealthMonitor {
   HealthPolicy policy_;
   HealthBoard& board_;
   std::function<void()> changed_;
-  Reporter report_;
+  base::Reporter report_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

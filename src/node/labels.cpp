@@ -201,9 +201,9 @@ Labels gpu_labels(const Inventory& inventory, const PluginConfig& config, std::t
 void write_features_file(const std::string& directory, const Labels& labels) {
   std::string text = "# Written by tessera node; node-feature-discovery's local source reads it.\n";
   for (const auto& [key, value] : labels) text += key + "=" + value + "\n";
-  std::string error;
-  if (!base::write_file_atomically(directory + "/" + kFeaturesFileName, text, error))
-    throw std::runtime_error(error);
+  const base::Status written =
+      base::write_file_atomically(directory + "/" + kFeaturesFileName, text);
+  if (!written.ok()) throw std::runtime_error(written.message());
 }
 
 nlohmann::json gpus_annotation(const Inventory& inventory, const ResourceMap& map,

@@ -38,18 +38,17 @@ std::vector<Group> read_groups(const contract::StateLayout& layout, const Invent
   for (const auto& entry : fs::directory_iterator(layout.containers(), error)) {
     Group group;
     group.directory = entry.path().filename().string();
-    std::string unreadable;
-    const std::optional<contract::OwnerRecord> owner =
-        contract::read_owner_record(layout.owner_record(group.directory), unreadable);
-    if (!owner || !owner->limits_written) continue;  // not started yet: no limits to show
-    for (const int gpu : owner->gpus) {
+    contract::OwnerRecord owner;
+    if (!contract::read_owner_record(layout.owner_record(group.directory), owner).ok()) continue;
+    if (!owner.limits_written) continue;  // not started yet: no limits to show
+    for (const int gpu : owner.gpus) {
       if (gpu >= 0 && static_cast<std::size_t>(gpu) < inventory.gpus.size()) {
         group.gpus.push_back(gpu);
       }
     }
     group.labels = fmt::format("namespace=\"{}\",pod=\"{}\",container=\"{}\"",
-                               metric_label(owner->pod_namespace), metric_label(owner->pod_name),
-                               metric_label(owner->container));
+                               metric_label(owner.pod_namespace), metric_label(owner.pod_name),
+                               metric_label(owner.container));
     ledger::Ledger ledger;
     ErrorText refused;
     const std::string path = layout.ledger(group.directory);

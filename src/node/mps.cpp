@@ -180,7 +180,7 @@ std::optional<std::string> mps_command(const std::string& pipe_dir, const std::s
 }
 
 MpsSupervisor::MpsSupervisor(std::string control, HealthBoard& board, std::function<void()> changed,
-                             Reporter report, std::chrono::milliseconds check_every)
+                             base::Reporter report, std::chrono::milliseconds check_every)
     : control_(std::move(control)),
       board_(board),
       changed_(std::move(changed)),

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/log.h"
 #include "base/mutex.h"
 #include "node/allocation.h"
 #include "node/config.h"
@@ -64,11 +65,10 @@ std::optional<std::string> mps_command(const std::string& pipe_dir, const std::s
 
 class MpsSupervisor {
  public:
-  using Reporter = std::function<void(const std::string&)>;
   // `control` is the nvidia-cuda-mps-control to run (looked up on PATH without a '/').
   // `changed` is called after any GPU's health changed.
   MpsSupervisor(std::string control, HealthBoard& board, std::function<void()> changed,
-                Reporter report, std::chrono::milliseconds check_every);
+                base::Reporter report, std::chrono::milliseconds check_every);
   ~MpsSupervisor();  // stops every daemon
   MpsSupervisor(const MpsSupervisor&) = delete;
   MpsSupervisor& operator=(const MpsSupervisor&) = delete;
@@ -91,7 +91,7 @@ class MpsSupervisor {
   std::string control_;
   HealthBoard& board_;
   std::function<void()> changed_;
-  Reporter report_;
+  base::Reporter report_;
   std::chrono::milliseconds check_every_;
   // Held while daemons start, stop or are checked, so apply() and the checks never overlap.
   base::Mutex mutex_;

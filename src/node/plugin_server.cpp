@@ -191,7 +191,7 @@ void DevicePluginServer::stop() {
   unlink(socket_path().c_str());
 }
 
-bool DevicePluginServer::register_with_kubelet(std::string& error) const {
+base::Status DevicePluginServer::register_with_kubelet() const {
   auto channel = grpc::CreateChannel("unix://" + directory_ + "/" + kKubeletSocket,
                                      grpc::InsecureChannelCredentials());
   auto stub = v1beta1::Registration::NewStub(channel);
@@ -206,11 +206,10 @@ bool DevicePluginServer::register_with_kubelet(std::string& error) const {
   v1beta1::Empty answer;
   const grpc::Status status = stub->Register(&context, request, &answer);
   if (!status.ok()) {
-    error = fmt::format("registering {} with the kubelet failed: {}", resource_,
-                        status.error_message());
-    return false;
+    return base::Status::failure(fmt::format("registering {} with the kubelet failed: {}",
+                                             resource_, status.error_message()));
   }
-  return true;
+  return base::Status::success();
 }
 
 }  // namespace tessera::node

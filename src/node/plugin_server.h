@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/mutex.h"
+#include "base/status.h"
 #include "node/allocation.h"
 
 namespace grpc {
@@ -70,8 +71,8 @@ class DevicePluginServer {
   // Stops serving (open streams end) and removes the socket.
   void stop();
   bool serving() const { return server_ != nullptr; }
-  // Registers with the kubelet's socket in the directory; false with the reason.
-  bool register_with_kubelet(std::string& error) const;
+  // Registers with the kubelet's socket in the directory; a failure says why.
+  base::Status register_with_kubelet() const;
 
   const std::string& resource() const { return resource_; }
   std::string socket_path() const { return directory_ + "/" + socket_name_; }

@@ -30,15 +30,15 @@ PodResourcesClient::PodResourcesClient(std::string socket)
 
 PodResourcesClient::~PodResourcesClient() = default;
 
-bool PodResourcesClient::list(std::vector<KubeletPod>& pods, std::string& error) const {
+base::Status PodResourcesClient::list(std::vector<KubeletPod>& pods) const {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kCallBudget);
   v1::ListPodResourcesResponse answer;
   const grpc::Status status = stub_->lister->List(&context, v1::ListPodResourcesRequest(), &answer);
   if (!status.ok()) {
-    error = fmt::format("the kubelet's pod-resources API ({}) does not answer: {}", socket_,
-                        status.error_message());
-    return false;
+    return base::Status::failure(
+        fmt::format("the kubelet's pod-resources API ({}) does not answer: {}", socket_,
+                    status.error_message()));
   }
   pods.clear();
   for (const v1::PodResources& pod : answer.pod_resources()) {
@@ -53,14 +53,14 @@ bool PodResourcesClient::list(std::vector<KubeletPod>& pods, std::string& error)
     }
     pods.push_back(std::move(entry));
   }
-  return true;
+  return base::Status::success();
 }
 
-std::optional<DeviceHolder> PodResourcesClient::holder_of(const std::string& resource,
-                                                          const std::vector<std::string>& ids,
-                                                          std::string& error) const {
+base::Status PodResourcesClient::holder_of(const std::string& resource,
+                                           const std::vector<std::string>& ids,
+                                           DeviceHolder& holder) const {
   std::vector<KubeletPod> pods;
-  if (!list(pods, error)) return std::nullopt;
+  if (base::Status listed = list(pods); !listed.ok()) return listed;
   std::vector<std::string> wanted = ids;
   std::sort(wanted.begin(), wanted.end());
   for (const KubeletPod& pod : pods) {
@@ -69,15 +69,18 @@ std::optional<DeviceHolder> PodResourcesClient::holder_of(const std::string& res
       if (held == container.devices.end()) continue;
       std::vector<std::string> have = held->second;
       std::sort(have.begin(), have.end());
-      if (have == wanted) return DeviceHolder{pod.name_space, pod.name, container.name};
+      if (have == wanted) {
+        holder = DeviceHolder{pod.name_space, pod.name, container.name};
+        return base::Status::success();
+      }
     }
   }
   const std::string named = ids.empty() ? std::string("(none)")
                             : ids.size() == 1
                                 ? ids.front()
                                 : fmt::format("{} and {} more", ids.front(), ids.size() - 1);
-  error = fmt::format("the kubelet names no container holding {} {}", resource, named);
-  return std::nullopt;
+  return base::Status::failure(
+      fmt::format("the kubelet names no container holding {} {}", resource, named));
 }
 
 }  // namespace tessera::node

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
+
 namespace tessera::node {
 
 struct KubeletContainer {
@@ -34,13 +36,12 @@ class PodResourcesClient {
   PodResourcesClient& operator=(const PodResourcesClient&) = delete;
 
   // Every pod the kubelet holds (admitted, or being admitted) and its containers' devices.
-  // False, with the reason, if the kubelet cannot be asked.
-  bool list(std::vector<KubeletPod>& pods, std::string& error) const;
-  // The container holding exactly `ids` (in any order) of `resource`; nullopt, with the reason
-  // in `error`, if the kubelet cannot be asked or names no holder.
-  std::optional<DeviceHolder> holder_of(const std::string& resource,
-                                        const std::vector<std::string>& ids,
-                                        std::string& error) const;
+  // A failure if the kubelet cannot be asked.
+  base::Status list(std::vector<KubeletPod>& pods) const;
+  // The container holding exactly `ids` (in any order) of `resource`, in `holder`; a failure
+  // if the kubelet cannot be asked or names no holder.
+  base::Status holder_of(const std::string& resource, const std::vector<std::string>& ids,
+                         DeviceHolder& holder) const;
 
  private:
   struct Stub;
