@@ -2,7 +2,7 @@
 //
 // Tessera builds without the CUDA toolkit, so the types and entry points it interposes
 // (src/hook) and simulates (src/simgpu) are declared here from the public driver API
-// documentation. tests/abi_check.cpp compares every declaration with NVIDIA's headers
+// documentation. tests/cuda_abi/abi_check.cpp compares every declaration with NVIDIA's headers
 // wherever the toolkit is installed.
 #pragma once
 

@@ -1,7 +1,7 @@
 // What the extender knows of the cluster, in the placement engine's terms: the nodes, what
 // each pod holds, which pods wait for a node, and this extender's own binds. Pure: no HTTP,
 // no API server and no lock (the extender holds its own around it), so every decision it
-// makes is tested alone (tests/extender_state_test.cpp).
+// makes is tested alone (tests/extender/extender_state_test.cpp).
 #pragma once
 
 #include <chrono>

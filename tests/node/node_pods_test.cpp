@@ -252,7 +252,7 @@ TEST(NodePods, ContainersOfDifferentPodsOnAGpuShareItsOneCoordinationFile) {
 // --- sharing a GPU between pods: timing ---------------------------------------------------
 //
 // Measured by the simulated device's own record of busy time, never by the limiter's beliefs;
-// a lower bound is judged against what the host let the workload run (tests/host_record.h).
+// a lower bound is judged against what the host let the workload run (tests/support/host_record.h).
 
 constexpr std::uint64_t kSettleNs = 100'000'000;  // the first 0.1 s: costs are being learned
 

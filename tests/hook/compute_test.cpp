@@ -5,7 +5,7 @@
 // host does. A lower bound (a share reached, a lone group near 100 %) is judged against what
 // the host let the workload run: a launching thread kept off the CPU for a tenth of a window
 // cannot have kept the device busy then, so the bound is scaled by the fraction of the window
-// the host allowed it (tests/host_record.h), and says so when it fails.
+// the host allowed it (tests/support/host_record.h), and says so when it fails.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // What the simulated GPU recorded of the work run on it. Timing tests judge shares and
 // latencies by the device's own record, never by the limiter's beliefs, and judge lower bounds
-// against what the host let a workload run (tests/host_record.h).
+// against what the host let a workload run (tests/support/host_record.h).
 #pragma once
 
 #include <cstdint>

@@ -205,7 +205,7 @@ TEST(Cli, TopShowsTheShareAGroupAchievesWhileItRuns) {
   EXPECT_EQ(done.exit_code, 0);
   ASSERT_EQ(rows.size(), 1u) << rows.dump();
   // The cap holds whatever the host does; the share reached is judged against the time the
-  // host let the group run while top measured (tests/host_record.h).
+  // host let the group run while top measured (tests/support/host_record.h).
   const double achieved = rows[0]["achieved_percent"].get<double>();
   const double allowed = done.host().allowed(from, to);
   EXPECT_LE(achieved, 44);
