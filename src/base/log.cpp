@@ -45,6 +45,14 @@ void ProgramLog::write(LogLevel level, std::string_view message) const {
   }
 }
 
+void tell(const Reporter& report, const std::string& message) noexcept {
+  if (!report) return;
+  try {
+    report(message);
+  } catch (...) {
+  }
+}
+
 Reporter ProgramLog::reporter(LogLevel level) const {
   return [this, level](const std::string& message) { write(level, message); };
 }

@@ -16,8 +16,11 @@
 
 namespace tessera::base {
 
-// How a part says what happened: one message, no line break. Must not throw.
+// How a part says what happened: one message, no line break.
 using Reporter = std::function<void(const std::string&)>;
+// Says `message` through `report`, if there is one. A report that cannot be made (it threw)
+// is dropped: it must not take the request or thread that made it with it.
+void tell(const Reporter& report, const std::string& message) noexcept;
 
 class ProgramLog {
  public:

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "common/scoped_lock.h"
 #include "common/thread_annotations.h"
 
 namespace tessera::base {
@@ -27,16 +28,7 @@ class CAPABILITY("mutex") Mutex {
 };
 
 // Holds a Mutex for its scope.
-class SCOPED_CAPABILITY MutexLock {
- public:
-  explicit MutexLock(Mutex& mutex) ACQUIRE(mutex) : mutex_(mutex) { mutex_.lock(); }
-  ~MutexLock() RELEASE() { mutex_.unlock(); }
-  MutexLock(const MutexLock&) = delete;
-  MutexLock& operator=(const MutexLock&) = delete;
-
- private:
-  Mutex& mutex_;
-};
+using MutexLock = ScopedLock<Mutex>;
 
 // Many readers or one writer.
 class CAPABILITY("shared mutex") SharedMutex {
@@ -54,16 +46,8 @@ class CAPABILITY("shared mutex") SharedMutex {
   std::shared_mutex native_;
 };
 
-class SCOPED_CAPABILITY WriterLock {
- public:
-  explicit WriterLock(SharedMutex& mutex) ACQUIRE(mutex) : mutex_(mutex) { mutex_.lock(); }
-  ~WriterLock() RELEASE() { mutex_.unlock(); }
-  WriterLock(const WriterLock&) = delete;
-  WriterLock& operator=(const WriterLock&) = delete;
-
- private:
-  SharedMutex& mutex_;
-};
+// Holds a SharedMutex alone: no reader, no other writer.
+using WriterLock = ScopedLock<SharedMutex>;
 
 class SCOPED_CAPABILITY ReaderLock {
  public:

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 
+#include "common/scoped_lock.h"
 #include "common/thread_annotations.h"
 
 namespace tessera {
@@ -26,15 +27,6 @@ class CAPABILITY("mutex") Mutex {
 };
 
 // Holds a Mutex for its scope.
-class SCOPED_CAPABILITY MutexLock {
- public:
-  explicit MutexLock(Mutex& mutex) ACQUIRE(mutex) : mutex_(mutex) { mutex_.lock(); }
-  ~MutexLock() RELEASE() { mutex_.unlock(); }
-  MutexLock(const MutexLock&) = delete;
-  MutexLock& operator=(const MutexLock&) = delete;
-
- private:
-  Mutex& mutex_;
-};
+using MutexLock = ScopedLock<Mutex>;
 
 }  // namespace tessera

@@ -36,11 +36,7 @@ ClusterState::ClusterState(base::Reporter report)
     : report_(std::move(report)), cluster_(std::make_unique<Cluster>(std::vector<NodeSpec>{})) {}
 
 void ClusterState::say(const std::string& problem) const {
-  if (!report_) return;
-  try {
-    report_(problem);
-  } catch (...) {  // a report that cannot be made must not take the request with it
-  }
+  base::tell(report_, problem);
 }
 
 // --- nodes -------------------------------------------------------------------------------------

@@ -33,11 +33,7 @@ Extender::Extender(Policy default_policy, std::unique_ptr<kube::Cluster> cluster
       state_(report_) {}
 
 void Extender::say(const std::string& problem) const {
-  if (!report_) return;
-  try {
-    report_(problem);
-  } catch (...) {  // a report that cannot be made must not take the request with it
-  }
+  base::tell(report_, problem);
 }
 
 Policy Extender::policy_for(const PodRequest& pod) const {

@@ -40,14 +40,24 @@ HttpReply bad_request(const std::string& reason) {
   return json_reply(400, nlohmann::json{{"Error", reason}});
 }
 
-bool parse_extender_args(const std::string& body, Candidates& candidates, HttpReply& reply) {
-  nlohmann::json args;
+namespace {
+
+// A request's body as JSON; on failure `reply` is the 400 that says why.
+bool parse_body(const std::string& body, nlohmann::json& args, HttpReply& reply) {
   try {
     args = parse_outside_json(body);
   } catch (const std::exception& error) {
     reply = bad_request(fmt::format("the body is not JSON: {}", error.what()));
     return false;
   }
+  return true;
+}
+
+}  // namespace
+
+bool parse_extender_args(const std::string& body, Candidates& candidates, HttpReply& reply) {
+  nlohmann::json args;
+  if (!parse_body(body, args, reply)) return false;
   const nlohmann::json* pod = field(args, "Pod");
   if (pod == nullptr || !pod->is_object()) {
     reply = bad_request("ExtenderArgs has no Pod object");
@@ -139,12 +149,7 @@ HttpReply prioritize_result(
 
 bool parse_bind_args(const std::string& body, BindArgs& parsed, HttpReply& reply) {
   nlohmann::json args;
-  try {
-    args = parse_outside_json(body);
-  } catch (const std::exception& error) {
-    reply = bad_request(fmt::format("the body is not JSON: {}", error.what()));
-    return false;
-  }
+  if (!parse_body(body, args, reply)) return false;
   const nlohmann::json* name = field(args, "PodName");
   const nlohmann::json* ns = field(args, "PodNamespace");
   const nlohmann::json* uid = field(args, "PodUID");

@@ -100,8 +100,9 @@ ObjectName LeaderElector::lease() const {
 }
 
 void LeaderElector::note_failure(const std::string& failure) {
-  if (failure != last_failure_ && !failure.empty() && report_) {
-    report_(fmt::format("lease {}/{}: {}", settings_.namespace_name, settings_.name, failure));
+  if (failure != last_failure_ && !failure.empty()) {
+    base::tell(report_,
+               fmt::format("lease {}/{}: {}", settings_.namespace_name, settings_.name, failure));
   }
   last_failure_ = failure;
 }

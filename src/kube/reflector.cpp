@@ -95,12 +95,7 @@ WatchEnd apply_watch_line(const std::string& line, const CollectionHandlers& han
 void follow_collection(const Cluster& cluster, const Collection& collection,
                        const CollectionHandlers& handlers, const std::atomic<bool>& stop,
                        const base::Reporter& report) {
-  auto tell = [&report](const std::string& text) {
-    try {
-      if (report) report(text);
-    } catch (...) {
-    }
-  };
+  auto tell = [&report](const std::string& text) { base::tell(report, text); };
   // A watch that ends at once without news (a server answering 410, or closing, every time)
   // is retried ever more slowly: 100 ms, doubling up to 5 s.
   constexpr std::chrono::milliseconds kFirstBackoff{100}, kMostBackoff{5000};

@@ -37,10 +37,7 @@ NodeAgent::~NodeAgent() {
 }
 
 void NodeAgent::say(const std::string& text) const {
-  try {
-    options_.report(text);
-  } catch (...) {
-  }
+  base::tell(options_.report, text);
 }
 
 std::shared_ptr<const NodeAgent::Served> NodeAgent::served() const {

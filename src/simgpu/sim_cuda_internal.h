@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "cuda_abi/cuda_abi.h"
 #include "simgpu/sim_driver.h"
+#include "simgpu/sim_export.h"
 #include "simgpu/sim_machine.h"
 
 using namespace tessera::abi;
@@ -76,8 +77,6 @@ void release_pools_on_sync();
 CUresult destroy_array(std::uint64_t handle);
 
 }  // namespace tessera::sim
-
-#define SIM_EXPORT extern "C" __attribute__((visibility("default")))
 
 // Every entry point, for those that call others and for cuGetProcAddress's table.
 SIM_EXPORT CUresult cuInit(unsigned int flags);

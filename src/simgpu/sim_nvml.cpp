@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "cuda_abi/nvml_abi.h"
 #include "simgpu/sim_config.h"
+#include "simgpu/sim_export.h"
 #include "simgpu/sim_machine.h"
 
 using namespace tessera::abi;
@@ -57,8 +58,6 @@ constexpr const char* kDriverVersion = "580.65.06";
 constexpr int kCudaDriverVersion = 13000;
 
 }  // namespace
-
-#define SIM_EXPORT extern "C" __attribute__((visibility("default")))
 
 // Lets tools tell the simulated NVML from NVIDIA's.
 SIM_EXPORT const char* tesseraSimulatedGpu() {

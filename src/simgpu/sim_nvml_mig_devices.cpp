@@ -4,29 +4,13 @@
 #include <cstdio>
 #include <cstring>
 
-#include "cuda_abi/nvml_abi.h"
 #include "simgpu/sim_config.h"
-#include "simgpu/sim_machine.h"
-#include "simgpu/sim_mig_tables.h"
-#include "simgpu/sim_nvml.h"
+#include "simgpu/sim_export.h"
 #include "simgpu/sim_nvml_mig_handles.h"
 
 using namespace tessera::abi;
 using namespace tessera::sim::nvml;
-using tessera::sim::kComputeProfileSlices;
-using tessera::sim::kMigSlots;
-using tessera::sim::kMigTables;
-using tessera::sim::machine;
-using tessera::sim::memory_slices;
-using tessera::sim::MigComputeInstance;
-using tessera::sim::MigGpuInstance;
-using tessera::sim::MigState;
-using tessera::sim::profile_by_id;
-using tessera::sim::profile_by_index;
-using tessera::sim::SimMigProfile;
-using tessera::sim::SimMigTable;
-
-#define SIM_EXPORT extern "C" __attribute__((visibility("default")))
+using namespace tessera::sim;
 
 namespace {
 
