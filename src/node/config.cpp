@@ -15,19 +15,36 @@ namespace tessera::node {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+constexpr std::size_t kMostConfigs = 256;
+
+// The configs a directory holds, in name order: regular files (ConfigMap links followed), not
+// the kubelet's bookkeeping (..data and its timestamped directories). One more than
+// kMostConfigs at most: the caller judges a directory with too many.
+std::vector<fs::path> config_files_in(const std::string& directory, std::error_code& error) {
+  std::vector<fs::path> files;
+  fs::directory_iterator entries(directory, error);
+  for (; !error && entries != fs::directory_iterator() && files.size() <= kMostConfigs;
+       entries.increment(error)) {
+    const std::string name = entries->path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    std::error_code kind_error;
+    if (fs::is_regular_file(entries->path(), kind_error)) files.push_back(entries->path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
 ConfigSet read_config_directory(const std::string& directory) {
   ConfigSet set;
   std::error_code error;
-  fs::directory_iterator entries(directory, error);
+  const std::vector<fs::path> files = config_files_in(directory, error);
   if (error) throw ConfigError(fmt::format("{}: cannot be listed: {}", directory, error.message()));
-  std::vector<fs::path> files;
-  for (const auto& entry : entries) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name[0] == '.') continue;  // ..data and the kubelet's timestamped dirs
-    std::error_code kind_error;
-    if (!fs::is_regular_file(entry.path(), kind_error)) continue;  // follows ConfigMap links
-    files.push_back(entry.path());
-    if (files.size() > 256) throw ConfigError(fmt::format("{}: more than 256 configs", directory));
+  if (files.size() > kMostConfigs) {
+    throw ConfigError(fmt::format("{}: more than {} configs", directory, kMostConfigs));
   }
   for (const fs::path& file : files) {
     const std::string name = file.filename().string();
@@ -52,13 +69,8 @@ std::string config_source_fingerprint(const std::string& directory, const std::s
   };
   if (!file.empty()) add(file);
   if (!directory.empty()) {
-    std::error_code error;
-    std::vector<fs::path> paths;
-    for (const auto& entry : fs::directory_iterator(directory, error)) {
-      if (entry.path().filename().string().rfind('.', 0) != 0) paths.push_back(entry.path());
-    }
-    std::sort(paths.begin(), paths.end());
-    for (const fs::path& path : paths) add(path);
+    std::error_code unlisted;  // a directory that cannot be listed holds nothing to compare
+    for (const fs::path& path : config_files_in(directory, unlisted)) add(path);
   }
   return text;
 }
