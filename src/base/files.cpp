@@ -4,6 +4,8 @@
 #include <fmt/core.h>
 #include <poll.h>
 #include <sys/inotify.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -93,6 +95,19 @@ std::vector<std::string> DirectoryWatch::wait(std::chrono::milliseconds timeout)
     }
   }
   return names;
+}
+
+bool socket_answers(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof address.sun_path) return false;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool answered =
+      connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0;
+  close(fd);
+  return answered;
 }
 
 }  // namespace tessera::base

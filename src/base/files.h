@@ -20,6 +20,10 @@ Status write_file_atomically(const std::string& path, std::string_view content);
 // by running processes keeps its old inode. Throws std::runtime_error naming the file.
 void install_file(const std::string& source, const std::string& target);
 
+// Whether a process listens on the unix socket at `path` (a socket file left by a process that
+// is gone accepts nothing).
+bool socket_answers(const std::string& path);
+
 // inotify on one directory. Without inotify, waits are sleeps and see nothing: the caller's
 // own polling then finds the changes.
 class DirectoryWatch {

@@ -9,6 +9,8 @@
 //   containers/<id>/owner.json       who a container is (the agent's own; never mounted)
 //   containers/<id>/group/           the container's own  -> /var/run/tessera
 //   containers/<id>/group/group.ledger
+//   containers/claim-<uid>/...       a DRA claim's, laid out alike
+//   dra/claims/<uid>.json            what NodePrepareResources made for a claim (never mounted)
 #pragma once
 
 #include <string>
@@ -48,6 +50,7 @@ class StateLayout {
   std::string ledger(const std::string& id) const {
     return group_directory(id) + "/" + kLedgerFileName;
   }
+  std::string dra_checkpoints() const { return root_ + "/dra/claims"; }
   // Where a device's coordination file is mounted in a container's group directory.
   std::string coordination_mount_point(const std::string& id, const DeviceKey& key) const {
     return group_directory(id) + "/" + coordination_name(key);

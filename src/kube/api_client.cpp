@@ -221,6 +221,10 @@ ApiResponse ApiClient::put(const std::string& path, const std::string& json,
   return call("PUT", path, &json, "application/json", deadline);
 }
 
+ApiResponse ApiClient::remove(const std::string& path, Deadline deadline) const {
+  return call("DELETE", path, nullptr, nullptr, deadline);
+}
+
 ApiResponse ApiClient::patch(const std::string& path, const std::string& json,
                              Deadline deadline) const {
   return call("PATCH", path, &json, "application/merge-patch+json", deadline);

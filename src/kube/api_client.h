@@ -57,6 +57,8 @@ class ApiClient {
   // Replaces the object at `path`; the API server refuses (409) a stale resourceVersion.
   ApiResponse put(const std::string& path, const std::string& json,
                   Deadline deadline = Deadline::max()) const;
+  // Deletes the object at `path`.
+  ApiResponse remove(const std::string& path, Deadline deadline = Deadline::max()) const;
   // A JSON merge patch (application/merge-patch+json).
   ApiResponse patch(const std::string& path, const std::string& json,
                     Deadline deadline = Deadline::max()) const;

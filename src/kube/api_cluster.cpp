@@ -30,16 +30,23 @@ std::string leases_path(const std::string& name_space) {
 std::string lease_path(const ObjectName& lease) {
   return leases_path(lease.name_space) + "/" + escaped(lease.name);
 }
-// The collection's path with its field selector, if any; its query is begun.
-std::string collection_path(const Collection& collection) {
-  if (collection.kind == Collection::Kind::nodes) {
-    return collection.node.empty()
-               ? "/api/v1/nodes?"
-               : "/api/v1/nodes?fieldSelector=metadata.name%3D" + escaped(collection.node) + "&";
+constexpr const char* kResourceSlices = "/apis/resource.k8s.io/v1/resourceslices";
+std::string claim_path(const ObjectName& claim) {
+  return fmt::format("/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}",
+                     escaped(claim.name_space), escaped(claim.name));
+}
+// The collection's path and, where it is one node's, the field selector that narrows it.
+struct CollectionPath {
+  std::string path, selector;  // selector: "" or "fieldSelector=..."
+};
+CollectionPath collection_path(const Collection& collection) {
+  const bool nodes = collection.kind == Collection::Kind::nodes;
+  CollectionPath at{nodes ? "/api/v1/nodes" : "/api/v1/pods", {}};
+  if (!collection.node.empty()) {
+    at.selector = std::string("fieldSelector=") + (nodes ? "metadata.name" : "spec.nodeName") +
+                  "%3D" + escaped(collection.node);
   }
-  return collection.node.empty()
-             ? "/api/v1/pods?"
-             : "/api/v1/pods?fieldSelector=spec.nodeName%3D" + escaped(collection.node) + "&";
+  return at;
 }
 
 }  // namespace
@@ -68,16 +75,16 @@ ApiResponse ApiCluster::bind_pod(const ObjectName& pod, const std::string& uid,
   return client_.post(pod_path(pod) + "/binding", dump_outside_json(binding), deadline);
 }
 ApiResponse ApiCluster::list(const Collection& collection, Deadline deadline) const {
-  std::string path = collection_path(collection);
-  path.pop_back();  // no query beyond the selector
-  return client_.get(path, deadline);
+  const CollectionPath at = collection_path(collection);
+  return client_.get(at.selector.empty() ? at.path : at.path + "?" + at.selector, deadline);
 }
 ApiResponse ApiCluster::watch(const Collection& collection, const std::string& version,
                               const std::function<bool(const std::string&)>& on_event,
                               const std::atomic<bool>& stop, int idle_seconds) const {
+  const CollectionPath at = collection_path(collection);
   return client_.watch(
-      fmt::format("{}watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}",
-                  collection_path(collection), escaped(version)),
+      fmt::format("{}?{}{}watch=1&allowWatchBookmarks=true&timeoutSeconds=300&resourceVersion={}",
+                  at.path, at.selector, at.selector.empty() ? "" : "&", escaped(version)),
       on_event, stop, idle_seconds);
 }
 ApiResponse ApiCluster::get_lease(const ObjectName& lease, Deadline deadline) const {
@@ -90,6 +97,29 @@ ApiResponse ApiCluster::create_lease(const ObjectName& lease, const nlohmann::js
 ApiResponse ApiCluster::replace_lease(const ObjectName& lease, const nlohmann::json& object,
                                       Deadline deadline) const {
   return client_.put(lease_path(lease), dump_outside_json(object), deadline);
+}
+
+ApiResponse ApiCluster::get_resource_claim(const ObjectName& claim, Deadline deadline) const {
+  return client_.get(claim_path(claim), deadline);
+}
+ApiResponse ApiCluster::list_resource_slices(const std::string& driver, const std::string& node,
+                                             Deadline deadline) const {
+  return client_.get(fmt::format("{}?fieldSelector=spec.driver%3D{}%2Cspec.nodeName%3D{}",
+                                 kResourceSlices, escaped(driver), escaped(node)),
+                     deadline);
+}
+ApiResponse ApiCluster::create_resource_slice(const nlohmann::json& object,
+                                              Deadline deadline) const {
+  return client_.post(kResourceSlices, dump_outside_json(object), deadline);
+}
+ApiResponse ApiCluster::replace_resource_slice(const std::string& name,
+                                               const nlohmann::json& object,
+                                               Deadline deadline) const {
+  return client_.put(std::string(kResourceSlices) + "/" + escaped(name), dump_outside_json(object),
+                     deadline);
+}
+ApiResponse ApiCluster::delete_resource_slice(const std::string& name, Deadline deadline) const {
+  return client_.remove(std::string(kResourceSlices) + "/" + escaped(name), deadline);
 }
 
 }  // namespace tessera::kube

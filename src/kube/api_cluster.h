@@ -29,6 +29,13 @@ class ApiCluster final : public Cluster {
                            Deadline deadline) const override;
   ApiResponse replace_lease(const ObjectName& lease, const nlohmann::json& object,
                             Deadline deadline) const override;
+  ApiResponse get_resource_claim(const ObjectName& claim, Deadline deadline) const override;
+  ApiResponse list_resource_slices(const std::string& driver, const std::string& node,
+                                   Deadline deadline) const override;
+  ApiResponse create_resource_slice(const nlohmann::json& object, Deadline deadline) const override;
+  ApiResponse replace_resource_slice(const std::string& name, const nlohmann::json& object,
+                                     Deadline deadline) const override;
+  ApiResponse delete_resource_slice(const std::string& name, Deadline deadline) const override;
 
  private:
   ApiClient client_;

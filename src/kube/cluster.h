@@ -72,6 +72,19 @@ class Cluster {
   // Refused (409) if the object's metadata.resourceVersion is not the Lease's.
   virtual ApiResponse replace_lease(const ObjectName& lease, const nlohmann::json& object,
                                     Deadline deadline) const = 0;
+
+  // Dynamic Resource Allocation (resource.k8s.io/v1).
+  virtual ApiResponse get_resource_claim(const ObjectName& claim, Deadline deadline) const = 0;
+  // The ResourceSlices `driver` publishes for `node`, as one list.
+  virtual ApiResponse list_resource_slices(const std::string& driver, const std::string& node,
+                                           Deadline deadline) const = 0;
+  // Refused (409) if one of its name exists.
+  virtual ApiResponse create_resource_slice(const nlohmann::json& object,
+                                            Deadline deadline) const = 0;
+  // Refused (409) if the object's metadata.resourceVersion is set and not the slice's.
+  virtual ApiResponse replace_resource_slice(const std::string& name, const nlohmann::json& object,
+                                             Deadline deadline) const = 0;
+  virtual ApiResponse delete_resource_slice(const std::string& name, Deadline deadline) const = 0;
 };
 
 }  // namespace tessera::kube

@@ -45,6 +45,10 @@ std::shared_ptr<const NodeAgent::Served> NodeAgent::served() const {
   return served_;
 }
 
+PluginConfig NodeAgent::served_config() const {
+  return served()->config;
+}
+
 std::uint64_t NodeAgent::config_generation() const {
   base::MutexLock locked(state_mutex_);
   return generation_;
@@ -207,7 +211,9 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
     }
   }
   std::set<std::string> wanted;
-  for (const Resource& resource : next->map.resources) wanted.insert(resource.name);
+  if (options_.serve_device_plugins) {
+    for (const Resource& resource : next->map.resources) wanted.insert(resource.name);
+  }
   base::MutexLock locked(servers_mutex_);
   for (auto it = servers_.begin(); it != servers_.end();) {
     if (wanted.count(it->first) == 0) {

@@ -54,6 +54,9 @@ struct NodeAgentOptions {
   std::chrono::milliseconds mps_check_every{1000};
   std::chrono::milliseconds recovery_quiet{60000};
   ReplicaPolicy replica_policy = ReplicaPolicy::distributed;
+  // False where the GPUs are handed out through DRA instead (dra/node_plugin.h): one node, one
+  // way of allocating its GPUs.
+  bool serve_device_plugins = true;
   std::unique_ptr<kube::Cluster> cluster;  // null: no cluster
   base::Reporter report;                   // the log; never throws
 };
@@ -76,6 +79,11 @@ class NodeAgent {
   std::string config_error() const;  // why the last config read was refused, or ""
   std::string metrics();
   const Inventory& inventory() const { return inventory_; }
+  // What a DRA plugin beside the agent shares with it (dra/node_plugin.h); valid after start().
+  const HealthBoard& health() const { return health_; }
+  ContainerGrants& grants() { return *grants_; }
+  const ChangeSignal& changes() const { return changes_; }
+  PluginConfig served_config() const;
 
   // What each resource's plugin answers the kubelet (the gRPC servers call these; so may
   // anyone, from any thread).

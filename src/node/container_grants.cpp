@@ -13,6 +13,7 @@
 
 #include "common/limits.h"
 #include "contract/annotations.h"
+#include "contract/dra.h"
 #include "contract/limit_variables.h"
 #include "contract/pod_resources.h"
 #include "contract/variables.h"
@@ -233,12 +234,12 @@ bool ContainerGrants::limits_at_pre_start(const Resource& resource) const {
 
 ContainerGrants::Made ContainerGrants::make_container(ContainerAllocation& allocation,
                                                       const Inventory& inventory,
-                                                      const Resource& resource,
+                                                      const std::string& resource,
                                                       const std::vector<std::string>& ids,
                                                       const std::vector<int>& gpus,
-                                                      const ContainerGrant* grant) {
+                                                      const ContainerGrant* grant, std::string id) {
   Made made;
-  made.id = random_uuid();
+  made.id = id.empty() ? random_uuid() : std::move(id);
   std::error_code error;
   const std::string group = layout_.group_directory(made.id);
   fs::create_directories(fs::path(group) / contract::kCoordinationDirectoryName, error);
@@ -267,7 +268,7 @@ ContainerGrants::Made ContainerGrants::make_container(ContainerAllocation& alloc
   }
   allocation.envs[contract::kLedgerVariable] = contract::kContainerLedgerPath;
   allocation.envs[contract::kHamiSharedCacheVariable] = contract::kContainerLedgerPath;
-  made.record.resource = resource.name;
+  made.record.resource = resource;
   made.record.device_ids = ids;
   std::sort(made.record.device_ids.begin(), made.record.device_ids.end());
   made.record.gpus = gpus;
@@ -337,7 +338,7 @@ ContainerAllocation ContainerGrants::allocate(const Inventory& inventory,
                                                     : default_grant(inventory, resource, ids);
   }
   const Made made =
-      make_container(allocation, inventory, resource, ids, gpus, grant ? &*grant : nullptr);
+      make_container(allocation, inventory, resource.name, ids, gpus, grant ? &*grant : nullptr);
   if (grant) {
     report_(fmt::format("{}: {} on GPU(s) {}: memory {}, cores {} ({})", resource.name,
                         id_list(ids), fmt::join(grant->gpus, ","),
@@ -388,16 +389,14 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
                     "(tessera node --pod-resources-socket)",
                     resource.name, id_list(ids)));
   }
-  DeviceHolder found_holder;
-  if (const base::Status asked = kubelet_->holder_of(resource.name, ids, found_holder);
-      !asked.ok()) {
+  DeviceHolder holder;
+  if (const base::Status asked = kubelet_->holder_of(resource.name, ids, holder); !asked.ok()) {
     throw AllocationError(fmt::format("{}; its limits cannot be known", asked.message()));
   }
-  const DeviceHolder* holder = &found_holder;
-  const std::string label = holder->pod_namespace + "/" + holder->pod_name;
+  const std::string label = holder.pod_namespace + "/" + holder.pod_name;
   const kube::Deadline deadline = std::chrono::steady_clock::now() + kCallBudget;
   const kube::ApiResponse read =
-      cluster_->get_pod({holder->pod_namespace, holder->pod_name}, deadline);
+      cluster_->get_pod({holder.pod_namespace, holder.pod_name}, deadline);
   if (read.status != 200) {
     throw AllocationError(
         fmt::format("pod {} cannot be read (HTTP {} {}); its limits cannot be "
@@ -414,9 +413,9 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   }
   const auto container = std::find_if(
       pod.containers.begin(), pod.containers.end(),
-      [&](const kube::PodRequest::Container& c) { return c.name == holder->container; });
+      [&](const kube::PodRequest::Container& c) { return c.name == holder.container; });
   if (container == pod.containers.end()) {
-    throw AllocationError(fmt::format("pod {} has no container {}", label, holder->container));
+    throw AllocationError(fmt::format("pod {} has no container {}", label, holder.container));
   }
   const std::optional<kube::RecordedAssignment> assignment = assignment_here(object, node_name_);
   const ContainerGrant grant =
@@ -424,7 +423,7 @@ void ContainerGrants::pre_start(const Inventory& inventory, const Resource& reso
   record.pod_namespace = pod.namespace_name;
   record.pod_name = pod.name;
   record.pod_uid = pod.uid;
-  record.container = holder->container;
+  record.container = holder.container;
   write_ledger(id, record, grant);
   record.limits_written = true;
   if (const base::Status written = contract::write_owner_record(layout_.owner_record(id), record);
@@ -559,8 +558,34 @@ std::string ContainerGrants::add_ledger(ContainerAllocation& allocation, const I
                                         const Resource& resource,
                                         const std::vector<std::string>& ids,
                                         const ContainerGrant& grant) {
-  make_container(allocation, inventory, resource, ids, grant.gpus, &grant);
+  make_container(allocation, inventory, resource.name, ids, grant.gpus, &grant);
   return fmt::format("memory {}", fmt::join(grant.memory_bytes, ","));
+}
+
+std::string claim_container_id(const std::string& claim_uid) {
+  return "claim-" + claim_uid;
+}
+
+void ContainerGrants::claim_container(ContainerAllocation& allocation, const Inventory& inventory,
+                                      const std::string& claim_uid,
+                                      const std::vector<std::string>& devices,
+                                      const ContainerGrant& grant) {
+  const std::string id = claim_container_id(claim_uid);
+  // A ledger left by an attempt that failed after it was written may hold other limits.
+  if (const base::Status removed = remove_claim_container(claim_uid); !removed.ok()) {
+    throw AllocationError(removed.message());
+  }
+  make_container(allocation, inventory, contract::kDraDriverName, devices, grant.gpus, &grant, id);
+}
+
+base::Status ContainerGrants::remove_claim_container(const std::string& claim_uid) {
+  std::error_code error;
+  const std::string directory = layout_.container(claim_container_id(claim_uid));
+  fs::remove_all(directory, error);
+  if (error) {
+    return base::Status::failure(fmt::format("cannot remove {}: {}", directory, error.message()));
+  }
+  return base::Status::success();
 }
 
 int ContainerGrants::collect(const std::set<std::string>& live_pod_uids) {
@@ -571,6 +596,7 @@ int ContainerGrants::collect(const std::set<std::string>& live_pod_uids) {
     contract::OwnerRecord record;
     const bool readable = contract::read_owner_record(layout_.owner_record(id), record).ok();
     if (readable && !record.pod_uid.empty() && live_pod_uids.contains(record.pod_uid)) continue;
+    if (readable && record.resource == contract::kDraDriverName) continue;
     // A container not yet known by its pod may still be starting (an image pull takes minutes):
     // it stays a day.
     std::error_code age_error;

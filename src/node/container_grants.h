@@ -84,6 +84,9 @@ struct AssignedPlace {
 // their containers; slices are handed to containers in the pod's order, a GPU for each.
 std::vector<AssignedPlace> assigned_places(const Resource& resource, const kube::PodRequest& pod);
 
+// The container directory of a DRA claim: "claim-<uid>".
+std::string claim_container_id(const std::string& claim_uid);
+
 // --- the agent's side -------------------------------------------------------------------------
 
 class ContainerGrants {
@@ -124,8 +127,19 @@ class ContainerGrants {
                          const Resource& resource, const std::vector<std::string>& ids,
                          const ContainerGrant& grant);
 
+  // A DRA claim's directory (containers/<claim_container_id>): its ledger, written with
+  // `grant`, and the mounts and variables its containers need, in `allocation`. Made again
+  // over what a failed attempt left. `devices` names the claim's devices, for its owner record.
+  // Throws AllocationError.
+  void claim_container(ContainerAllocation& allocation, const Inventory& inventory,
+                       const std::string& claim_uid, const std::vector<std::string>& devices,
+                       const ContainerGrant& grant);
+  // Removes what claim_container made; idempotent.
+  base::Status remove_claim_container(const std::string& claim_uid);
+
   // Removes the directories of containers whose pods are no longer on this node and that no
-  // live process uses, given the UIDs of those that are. Returns how many went.
+  // live process uses, given the UIDs of those that are (DRA claims' are Unprepare's to
+  // remove). Returns how many went.
   int collect(const std::set<std::string>& live_pod_uids);
 
   std::uint64_t assignments_rewritten() const { return rewritten_.load(); }
@@ -136,9 +150,11 @@ class ContainerGrants {
     contract::OwnerRecord record;
   };
   // A container's directory, its owner record and mounts; the ledger written now if `grant`.
+  // `id` empty: a fresh one.
   Made make_container(ContainerAllocation& allocation, const Inventory& inventory,
-                      const Resource& resource, const std::vector<std::string>& ids,
-                      const std::vector<int>& gpus, const ContainerGrant* grant);
+                      const std::string& resource, const std::vector<std::string>& ids,
+                      const std::vector<int>& gpus, const ContainerGrant* grant,
+                      std::string id = "");
   void write_ledger(const std::string& id, const contract::OwnerRecord& record,
                     const ContainerGrant& grant) const;
   // The newest container allocated exactly `ids` of `resource`; empty if none.

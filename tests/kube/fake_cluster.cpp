@@ -68,6 +68,7 @@ FakeCluster::FakeCluster() {
     }
   });
   serve_leases();
+  serve_resources();
   port_ = server_.bind_to_any_port("127.0.0.1");
   thread_ = std::thread([this] { server_.listen_after_bind(); });
 }
@@ -91,6 +92,50 @@ void FakeCluster::serve_leases() {
                   reply(response, replace_lease(object_name(request), *lease, kNoDeadline));
                 }
               });
+}
+
+void FakeCluster::serve_resources() {
+  const std::string api = "/apis/resource.k8s.io/v1";
+  server_.Get(api + "/resourceslices",
+              [this](const httplib::Request& request, httplib::Response& response) {
+                // "spec.driver=<driver>,spec.nodeName=<node>", as the node agent asks.
+                std::string driver, node;
+                const std::string selector = request.get_param_value("fieldSelector");
+                for (std::size_t at = 0; at <= selector.size();) {
+                  const std::size_t end = std::min(selector.find(',', at), selector.size());
+                  const std::string term = selector.substr(at, end - at);
+                  if (term.starts_with("spec.driver=")) driver = term.substr(12);
+                  if (term.starts_with("spec.nodeName=")) node = term.substr(14);
+                  at = end + 1;
+                }
+                reply(response, list_resource_slices(driver, node, kNoDeadline));
+              });
+  server_.Post(api + "/resourceslices",
+               [this](const httplib::Request& request, httplib::Response& response) {
+                 if (const auto slice = body_of(request, response)) {
+                   reply(response, create_resource_slice(*slice, kNoDeadline));
+                 }
+               });
+  server_.Put(api + "/resourceslices/([^/]+)", [this](const httplib::Request& request,
+                                                      httplib::Response& response) {
+    if (const auto slice = body_of(request, response)) {
+      reply(response, replace_resource_slice(request.matches[1].str(), *slice, kNoDeadline));
+    }
+  });
+  server_.Delete(api + "/resourceslices/([^/]+)",
+                 [this](const httplib::Request& request, httplib::Response& response) {
+                   reply(response, delete_resource_slice(request.matches[1].str(), kNoDeadline));
+                 });
+  server_.Get(api + "/namespaces/([^/]+)/resourceclaims/([^/]+)",
+              [this](const httplib::Request& request, httplib::Response& response) {
+                reply(response, get_resource_claim(object_name(request), kNoDeadline));
+              });
+  server_.Get(api + "/deviceclasses/([^/]+)", [this](const httplib::Request& request,
+                                                     httplib::Response& response) {
+    const auto found = get("deviceclasses", request.matches[1].str());
+    reply(response, found ? kube::ApiResponse{200, found->dump(), {}}
+                          : kube::ApiResponse{404, R"({"kind":"Status","code":404})", {}});
+  });
 }
 
 FakeCluster::~FakeCluster() {

@@ -1,8 +1,8 @@
 // An API server for tests that run Tessera's programs: the objects of an InMemoryCluster
 // (memory_cluster.h) served over real HTTP on loopback, at the paths and with the answers of
 // the Kubernetes API (lists with field selectors, chunked watches, merge patches, bindings,
-// Leases). The test changes objects through InMemoryCluster's methods; programs see the
-// changes through their lists and watches.
+// Leases, and DRA's ResourceSlices, ResourceClaims and DeviceClasses). The test changes objects
+// through InMemoryCluster's methods; programs see the changes through their lists and watches.
 #pragma once
 
 #include <httplib.h>
@@ -29,6 +29,8 @@ class FakeCluster : public InMemoryCluster {
   void serve_collection(kube::Collection::Kind kind, const httplib::Request& request,
                         httplib::Response& response);
   void serve_leases();
+  // resource.k8s.io/v1: ResourceSlices, ResourceClaims and DeviceClasses.
+  void serve_resources();
 
   httplib::Server server_;
   std::thread thread_;

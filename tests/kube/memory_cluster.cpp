@@ -29,7 +29,7 @@ const char* kind_of(const kube::Collection& collection) {
 
 std::string InMemoryCluster::key_of(const std::string& kind, const nlohmann::json& object) {
   const std::string name = object["metadata"]["name"].get<std::string>();
-  if (kind == "nodes") return name;
+  if (kind == "nodes" || kind == "resourceslices" || kind == "deviceclasses") return name;
   return object["metadata"].value("namespace", std::string("default")) + "/" + name;
 }
 
@@ -214,37 +214,96 @@ ApiResponse InMemoryCluster::get_lease(const kube::ObjectName& lease, kube::Dead
   return read("leases", lease.label());
 }
 
-ApiResponse InMemoryCluster::create_lease(const kube::ObjectName& lease,
-                                          const nlohmann::json& object, kube::Deadline) const {
-  if (!object.is_object() || !object.contains("metadata")) return refusal(400);
-  nlohmann::json created = object;
-  created["metadata"]["namespace"] = lease.name_space;
-  created["metadata"]["name"] = lease.name;
+ApiResponse InMemoryCluster::create(const std::string& kind, const std::string& key,
+                                    const nlohmann::json& object) const {
   base::MutexLock locked(mutex_);
   if (write_status_ != 200) return refusal(write_status_);
-  if (objects_["leases"].count(lease.label()) > 0) return refusal(409);
+  if (objects_[kind].count(key) > 0) return refusal(409);
+  nlohmann::json created = object;
   stamp(created);
-  objects_["leases"][lease.label()] = created;
-  record("leases", "ADDED", created);
+  objects_[kind][key] = created;
+  record(kind, "ADDED", created);
   return answer(201, created);
 }
 
-ApiResponse InMemoryCluster::replace_lease(const kube::ObjectName& lease,
-                                           const nlohmann::json& object, kube::Deadline) const {
-  if (!object.is_object() || !object.contains("metadata")) return refusal(400);
-  nlohmann::json replaced = object;
+ApiResponse InMemoryCluster::replace(const std::string& kind, const std::string& key,
+                                     const nlohmann::json& object) const {
   base::MutexLock locked(mutex_);
   if (write_status_ != 200) return refusal(write_status_);
-  auto found = objects_["leases"].find(lease.label());
-  if (found == objects_["leases"].end()) return refusal(404);
+  auto found = objects_[kind].find(key);
+  if (found == objects_[kind].end()) return refusal(404);
+  nlohmann::json replaced = object;
   if (replaced["metadata"].contains("resourceVersion") &&
       replaced["metadata"]["resourceVersion"] != found->second["metadata"]["resourceVersion"]) {
     return refusal(409);
   }
   stamp(replaced);
   found->second = replaced;
-  record("leases", "MODIFIED", replaced);
+  record(kind, "MODIFIED", replaced);
   return answer(200, replaced);
+}
+
+ApiResponse InMemoryCluster::create_lease(const kube::ObjectName& lease,
+                                          const nlohmann::json& object, kube::Deadline) const {
+  if (!object.is_object() || !object.contains("metadata")) return refusal(400);
+  nlohmann::json created = object;
+  created["metadata"]["namespace"] = lease.name_space;
+  created["metadata"]["name"] = lease.name;
+  return create("leases", lease.label(), created);
+}
+
+ApiResponse InMemoryCluster::replace_lease(const kube::ObjectName& lease,
+                                           const nlohmann::json& object, kube::Deadline) const {
+  if (!object.is_object() || !object.contains("metadata")) return refusal(400);
+  return replace("leases", lease.label(), object);
+}
+
+ApiResponse InMemoryCluster::get_resource_claim(const kube::ObjectName& claim,
+                                                kube::Deadline) const {
+  return read("resourceclaims", claim.label());
+}
+
+ApiResponse InMemoryCluster::list_resource_slices(const std::string& driver,
+                                                  const std::string& node, kube::Deadline) const {
+  base::MutexLock locked(mutex_);
+  nlohmann::json items = nlohmann::json::array();
+  for (const auto& [key, object] : objects_["resourceslices"]) {
+    if (object["spec"].value("driver", "") == driver &&
+        object["spec"].value("nodeName", "") == node) {
+      items.push_back(object);
+    }
+  }
+  return answer(200, {{"kind", "ResourceSliceList"},
+                      {"metadata", {{"resourceVersion", std::to_string(version_)}}},
+                      {"items", items}});
+}
+
+ApiResponse InMemoryCluster::create_resource_slice(const nlohmann::json& object,
+                                                   kube::Deadline) const {
+  if (!object.is_object() || !object.contains("metadata") || !object["metadata"].contains("name") ||
+      !object["metadata"]["name"].is_string()) {
+    return refusal(400);
+  }
+  return create("resourceslices", object["metadata"]["name"].get<std::string>(), object);
+}
+
+ApiResponse InMemoryCluster::replace_resource_slice(const std::string& name,
+                                                    const nlohmann::json& object,
+                                                    kube::Deadline) const {
+  if (!object.is_object() || !object.contains("metadata")) return refusal(400);
+  return replace("resourceslices", name, object);
+}
+
+ApiResponse InMemoryCluster::delete_resource_slice(const std::string& name, kube::Deadline) const {
+  base::MutexLock locked(mutex_);
+  if (write_status_ != 200) return refusal(write_status_);
+  auto found = objects_["resourceslices"].find(name);
+  if (found == objects_["resourceslices"].end()) return refusal(404);
+  nlohmann::json object = found->second;
+  objects_["resourceslices"].erase(found);
+  stamp(object);
+  record("resourceslices", "DELETED", object);
+  return answer(200, {{"kind", "Status"}, {"status", "Success"}});
 }
 
 }  // namespace tessera::test

@@ -23,8 +23,9 @@ namespace tessera::test {
 
 class InMemoryCluster : public kube::Cluster {
  public:
-  // Kinds of object: "nodes", "pods", "leases". Keys: a node's name; a pod's or a Lease's
-  // "namespace/name".
+  // Kinds of object: "nodes", "pods", "leases", "resourceslices", "resourceclaims",
+  // "deviceclasses". Keys: the name of a cluster-wide object (a node, a ResourceSlice, a
+  // DeviceClass); "namespace/name" of the others.
   static std::string key_of(const std::string& kind, const nlohmann::json& object);
 
   // Adds or replaces an object, as a controller would (a pod gets a UID and creation time
@@ -68,6 +69,16 @@ class InMemoryCluster : public kube::Cluster {
                                  kube::Deadline deadline) const override;
   kube::ApiResponse replace_lease(const kube::ObjectName& lease, const nlohmann::json& object,
                                   kube::Deadline deadline) const override;
+  kube::ApiResponse get_resource_claim(const kube::ObjectName& claim,
+                                       kube::Deadline deadline) const override;
+  kube::ApiResponse list_resource_slices(const std::string& driver, const std::string& node,
+                                         kube::Deadline deadline) const override;
+  kube::ApiResponse create_resource_slice(const nlohmann::json& object,
+                                          kube::Deadline deadline) const override;
+  kube::ApiResponse replace_resource_slice(const std::string& name, const nlohmann::json& object,
+                                           kube::Deadline deadline) const override;
+  kube::ApiResponse delete_resource_slice(const std::string& name,
+                                          kube::Deadline deadline) const override;
 
  private:
   struct Event {
@@ -83,6 +94,12 @@ class InMemoryCluster : public kube::Cluster {
   kube::ApiResponse read(const std::string& kind, const std::string& key) const EXCLUDES(mutex_);
   kube::ApiResponse merge(const std::string& kind, const std::string& key,
                           nlohmann::json patch) const EXCLUDES(mutex_);
+  // Refused (409) if it exists.
+  kube::ApiResponse create(const std::string& kind, const std::string& key,
+                           const nlohmann::json& object) const EXCLUDES(mutex_);
+  // Refused (409) if the object names a version that is not the stored one's.
+  kube::ApiResponse replace(const std::string& kind, const std::string& key,
+                            const nlohmann::json& object) const EXCLUDES(mutex_);
 
   mutable base::Mutex mutex_;
   mutable base::CondVar changed_;
