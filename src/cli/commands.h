@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "contract/dra.h"
 #include "contract/host_layout.h"
 #include "node/nvml.h"
 
@@ -101,6 +102,11 @@ struct NodeOptions {
   std::string mps_control;  // empty: nvidia-cuda-mps-control on PATH (the simulated one beside
                             // the simulated GPU)
   std::string nvidia_smi;   // empty: nvidia-smi on PATH (likewise)
+  // DRA instead of device plugins (dra/node_plugin.h).
+  bool dra = false;
+  std::string plugins_registry_dir = contract::kKubeletPluginsRegistry;
+  std::string plugins_dir = contract::kKubeletPluginsDirectory;
+  std::string cdi_dir = contract::kCdiDirectory;
 };
 int node_command(const NodeOptions& options);
 

@@ -142,6 +142,16 @@ int main(int argc, char** argv) {
                        "coordination files");
   node_app->add_option("--pod-resources-socket", node.pod_resources_socket,
                        "The kubelet's pod-resources API: whose devices a container's are");
+  node_app->add_flag("--dra", node.dra,
+                     "Hand out the GPUs through Dynamic Resource Allocation (driver "
+                     "gpu.tessera.io) instead of device plugins; needs the API server");
+  node_app->add_option("--plugins-registry-dir", node.plugins_registry_dir,
+                       "--dra: the kubelet's plugin registry directory");
+  node_app->add_option("--plugins-dir", node.plugins_dir,
+                       "--dra: the kubelet's plugins directory (the DRA socket goes in "
+                       "<dir>/gpu.tessera.io/)");
+  node_app->add_option("--cdi-dir", node.cdi_dir,
+                       "--dra: where prepared claims' CDI specs are written");
   node_app->add_option("--metrics-listen", node.metrics_listen,
                        "HOST:PORT for /metrics (default: none)");
   node_app->add_option("--api-server", node.api_server,

@@ -11,12 +11,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
+#include "base/files.h"
 #include "base/log.h"
 #include "cli/commands.h"
 #include "cli/environment.h"
 #include "cuda_abi/nvml_abi.h"
+#include "dra/node_plugin.h"
 #include "kube/api_cluster.h"
 #include "kube/objects.h"
 #include "node/agent.h"
@@ -33,6 +36,36 @@ std::string host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) return "localhost";
   return name;
+}
+
+// A node hands out its GPUs one way: two allocators of one GPU could not see each other's
+// grants. The manifests fence the two DaemonSets apart by a node label; this refuses a second
+// agent that starts beside one serving the other way anyway.
+void refuse_the_other_mode(const NodeOptions& options) {
+  namespace fs = std::filesystem;
+  if (options.dra) {
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(options.device_plugin_dir, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.starts_with("tessera-") && name.ends_with(".sock") &&
+          base::socket_answers(entry.path().string())) {
+        throw std::runtime_error(fmt::format(
+            "a Tessera device plugin serves this node's GPUs ({}); a node hands out its GPUs one "
+            "way: stop it (deploy/tessera-node.yaml keeps off nodes labelled "
+            "tessera.io/gpu-allocation=dra) before starting --dra",
+            entry.path().string()));
+      }
+    }
+    return;
+  }
+  const std::string registration =
+      contract::dra_registration_socket(options.plugins_registry_dir, contract::kDraDriverName);
+  if (base::socket_answers(registration)) {
+    throw std::runtime_error(fmt::format(
+        "Tessera's DRA driver serves this node's GPUs ({}); a node hands out its GPUs one way: "
+        "stop it, or run this agent with --dra",
+        registration));
+  }
 }
 
 }  // namespace
@@ -92,6 +125,7 @@ int node_command(const NodeOptions& options) {
   }
   if (!options.mps_control.empty()) agent.mps_control = options.mps_control;
   if (!options.nvidia_smi.empty()) agent.nvidia_smi = options.nvidia_smi;
+  std::unique_ptr<kube::ApiCluster> dra_cluster;  // the DRA plugin's own client
   if (!options.api_server.empty() || kube::in_cluster()) {
     kube::ApiClientOptions api;
     const base::Status configured = kube::client_options({.server = options.api_server,
@@ -101,7 +135,15 @@ int node_command(const NodeOptions& options) {
                                                          api);
     if (!configured.ok()) throw std::runtime_error(configured.message());
     agent.cluster = std::make_unique<kube::ApiCluster>(api);
+    if (options.dra) dra_cluster = std::make_unique<kube::ApiCluster>(api);
   }
+  if (options.dra && dra_cluster == nullptr) {
+    throw UsageError(
+        "--dra reads claims and publishes ResourceSlices: give --api-server, or run "
+        "in a pod");
+  }
+  agent.serve_device_plugins = !options.dra;
+  refuse_the_other_mode(options);
 
   std::signal(SIGPIPE, SIG_IGN);
   sigset_t stop_signals;  // taken by one thread; blocked before any thread starts
@@ -110,8 +152,20 @@ int node_command(const NodeOptions& options) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  const std::string node_name = agent.node_name, state_dir = agent.state_dir;
   node::NodeAgent node_agent(std::move(agent));
   node_agent.start();
+  std::unique_ptr<dra::DraNodePlugin> dra_plugin;
+  if (options.dra) {
+    dra_plugin = std::make_unique<dra::DraNodePlugin>(
+        dra::DraPluginOptions{.registry_dir = options.plugins_registry_dir,
+                              .plugins_dir = options.plugins_dir,
+                              .cdi_dir = options.cdi_dir,
+                              .node_name = node_name,
+                              .state_dir = state_dir},
+        node_agent, *dra_cluster, node_log().reporter());
+    dra_plugin->start();
+  }
 
   httplib::Server metrics;
   std::thread serving;
@@ -150,6 +204,7 @@ int node_command(const NodeOptions& options) {
     }
     serving.join();
   }
+  if (dra_plugin != nullptr) dra_plugin->stop();
   node_agent.stop();
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "contract/annotations.h"
+#include "contract/dra.h"
 #include "contract/host_layout.h"
 #include "contract/pod_resources.h"
 #include "fake_cluster.h"
@@ -377,6 +378,8 @@ const std::map<std::string, std::pair<std::string, Fields>>& kinds() {
       {"ClusterRole", {"rbac.authorization.k8s.io/v1", {"rules"}}},
       {"ClusterRoleBinding", {"rbac.authorization.k8s.io/v1", {"roleRef", "subjects"}}},
       {"RoleBinding", {"rbac.authorization.k8s.io/v1", {"roleRef", "subjects"}}},
+      {"DeviceClass", {"resource.k8s.io/v1", {"spec"}}},
+      {"ResourceClaimTemplate", {"resource.k8s.io/v1", {"spec"}}},
       {"KubeSchedulerConfiguration",
        {"kubescheduler.config.k8s.io/v1", {"leaderElection", "profiles", "extenders"}}},
   };
@@ -386,7 +389,7 @@ const std::map<std::string, std::pair<std::string, Fields>>& kinds() {
 const Fields kPodSpecFields = {
     "containers",    "initContainers", "volumes",         "serviceAccountName", "nodeSelector",
     "tolerations",   "affinity",       "hostPID",         "hostNetwork",        "priorityClassName",
-    "schedulerName", "restartPolicy",  "securityContext", "runtimeClassName"};
+    "schedulerName", "restartPolicy",  "securityContext", "runtimeClassName",   "resourceClaims"};
 const Fields kContainerFields = {"name",
                                  "image",
                                  "command",
@@ -435,11 +438,13 @@ struct Manifests {
 
 Manifests read_manifests() {
   Manifests manifests;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(TESSERA_SOURCE_DIR) + "/deploy")) {
+  const std::filesystem::path deploy = std::string(TESSERA_SOURCE_DIR) + "/deploy";
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(deploy)) {
     if (entry.path().extension() != ".yaml") continue;
     for (const YAML::Node& document : YAML::LoadAllFromFile(entry.path().string())) {
-      if (!document.IsNull()) manifests.documents.emplace_back(entry.path().filename(), document);
+      if (!document.IsNull()) {
+        manifests.documents.emplace_back(entry.path().lexically_relative(deploy), document);
+      }
     }
   }
   return manifests;
@@ -618,13 +623,18 @@ TEST(Manifests, TheExtenderManagesEveryResourceItReadsAndKubeSchedulerIgnoresThe
 // The node agent's DaemonSet mounts the kubelet's directories and the state directory from the
 // host at the paths the agent uses where not told otherwise (contract/host_layout.h); the state
 // directory at the same path inside, since the kubelet mounts its files into containers.
-TEST(Manifests, TheNodeAgentMountsTheHostPathsItUsesAtThoseSamePaths) {
+// Where the DaemonSet in `file` mounts host paths: the path inside -> the host path; and its
+// container's command.
+std::map<std::string, std::string> host_mounts(const std::string& file, YAML::Node& command) {
   const std::vector<YAML::Node> documents =
-      YAML::LoadAllFromFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/tessera-node.yaml");
+      YAML::LoadAllFromFile(std::string(TESSERA_SOURCE_DIR) + "/deploy/" + file);
   const auto daemon_set = std::find_if(documents.begin(), documents.end(), [](const YAML::Node& d) {
     return d["kind"].as<std::string>("") == "DaemonSet";
   });
-  ASSERT_NE(daemon_set, documents.end());
+  if (daemon_set == documents.end()) {
+    ADD_FAILURE() << file << " has no DaemonSet";
+    return {};
+  }
   const YAML::Node spec = (*daemon_set)["spec"]["template"]["spec"];
   std::map<std::string, std::string> host_paths;  // volume -> host path
   for (const YAML::Node& volume : spec["volumes"]) {
@@ -632,20 +642,40 @@ TEST(Manifests, TheNodeAgentMountsTheHostPathsItUsesAtThoseSamePaths) {
       host_paths[volume["name"].as<std::string>()] = volume["hostPath"]["path"].as<std::string>();
     }
   }
-  std::map<std::string, std::string> mounted;  // path inside -> host path
+  std::map<std::string, std::string> mounted;
   const YAML::Node container = spec["containers"][0];
+  command = container["command"];
   for (const YAML::Node& mount : container["volumeMounts"]) {
     const auto host = host_paths.find(mount["name"].as<std::string>());
     if (host != host_paths.end()) mounted[mount["mountPath"].as<std::string>()] = host->second;
   }
+  return mounted;
+}
+
+TEST(Manifests, TheNodeAgentMountsTheHostPathsItUsesAtThoseSamePaths) {
+  YAML::Node command;
+  std::map<std::string, std::string> mounted = host_mounts("tessera-node.yaml", command);
   for (const std::string& path :
        {std::string(contract::kDefaultStateDirectory),
         std::string(contract::kKubeletDevicePluginDirectory),
         std::filesystem::path(contract::kKubeletPodResourcesSocket).parent_path().string()}) {
     EXPECT_EQ(mounted[path], path) << "deploy/tessera-node.yaml: " << path;
   }
-  const std::string state_dir = flag(container["command"], "--state-dir");
+  const std::string state_dir = flag(command, "--state-dir");
   EXPECT_TRUE(state_dir.empty() || state_dir == contract::kDefaultStateDirectory) << state_dir;
+
+  // The DRA driver's: the kubelet's plugin directories and the runtime's CDI directory too,
+  // and the flags that name them say the same paths.
+  mounted = host_mounts("dra/tessera-node-dra.yaml", command);
+  for (const auto& [path, named_by] : std::vector<std::pair<std::string, std::string>>{
+           {contract::kDefaultStateDirectory, "--state-dir"},
+           {contract::kKubeletPluginsRegistry, "--plugins-registry-dir"},
+           {contract::kKubeletPluginsDirectory, "--plugins-dir"},
+           {contract::kCdiDirectory, "--cdi-dir"}}) {
+    EXPECT_EQ(mounted[path], path) << "deploy/dra/tessera-node-dra.yaml: " << path;
+    const std::string given = flag(command, named_by);
+    EXPECT_TRUE(given.empty() || given == path) << named_by << "=" << given;
+  }
 }
 
 }  // namespace

@@ -84,6 +84,12 @@ int NodeProcess::stop() {
   return status_;
 }
 
+void NodeProcess::kill_hard() {
+  stopped_ = true;
+  process_->kill_hard();
+  status_ = process_->wait();
+}
+
 std::string NodeProcess::metrics() const {
   httplib::Client client("127.0.0.1", metrics_port_);
   const auto answer = client.Get("/metrics");

@@ -39,6 +39,8 @@ class NodeProcess {
   // Stops it as the kubelet's SIGTERM does; its exit status. A stop that takes longer than
   // 20 s is a hang: killed, and the test fails saying so.
   int stop();
+  // SIGKILL, as an OOM kill or a node's crash ends it: nothing of its own runs.
+  void kill_hard();
   std::string metrics() const;
   // The value of one sample (its name and labels as written), or -1.
   double metric(const std::string& sample) const;

@@ -23,35 +23,12 @@
 #include "kube/objects.h"
 #include "ledger/ledger.h"
 #include "node_process.h"
+#include "yaml_json.h"
 
 namespace tessera::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-nlohmann::json to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map: {
-      nlohmann::json object = nlohmann::json::object();
-      for (const auto& entry : node) object[entry.first.as<std::string>()] = to_json(entry.second);
-      return object;
-    }
-    case YAML::NodeType::Sequence: {
-      nlohmann::json list = nlohmann::json::array();
-      for (const auto& item : node) list.push_back(to_json(item));
-      return list;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string text = node.Scalar();
-      int number = 0;
-      if (node.Tag() != "!" && YAML::convert<int>::decode(node, number)) return number;
-      if (text == "true" || text == "false") return text == "true";
-      return text;
-    }
-    default:
-      return nullptr;
-  }
-}
 
 // The seeds' pods by name; a Deployment's or a Job's is its template, named after it.
 std::map<std::string, nlohmann::json> seed_pods() {
