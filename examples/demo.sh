@@ -99,3 +99,25 @@ else
   echo "tessera mig did not make the 3 MIG devices (saw $devices)." >&2
   exit 1
 fi
+
+# Tessera as a DRA driver: the same agent with --dra, its plugin registered by the kubelet's DRA
+# side, its ResourceSlices published to an API server, and a shared claim prepared with its
+# exact limits and removed again.
+echo
+echo "== tessera node --dra on a simulated node of two H100s"
+dra_dir="$TESSERA_RUNTIME_DIR/dra"
+mkdir -p "$dra_dir"
+export TESSERA_SIM_DEVICES="H100;H100" TESSERA_SIM_STATE="$dra_dir/sim"
+"$build/bin/test-dra" "$dra_dir/plugins_registry" -- "$tessera" node --dra \
+  --state-dir "$dra_dir/state" --plugins-registry-dir "$dra_dir/plugins_registry" \
+  --plugins-dir "$dra_dir/plugins" --cdi-dir "$dra_dir/cdi" --device-plugin-dir "$dra_dir/dp" \
+  2>"$dra_dir/log" | sed 's/^/   /'
+if grep -q "dra: prepared claim default/inference-gpu" "$dra_dir/log" &&
+  grep -q "dra: unprepared claim default/inference-gpu" "$dra_dir/log"; then
+  echo "The DRA driver published the node's GPUs and prepared a 4 GiB, 30-core claim through CDI."
+  grep -E "dra: (prepared|unprepared)" "$dra_dir/log" | sed 's/^/     /'
+else
+  echo "The DRA driver did not prepare and unprepare the claim; its log:" >&2
+  cat "$dra_dir/log" >&2
+  exit 1
+fi
