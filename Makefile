@@ -47,6 +47,7 @@ demo: build
 bench: build
 	bench/run.sh $(BUILD_DIR)
 	bench/compute_sweep.sh $(BUILD_DIR)
+	$(BUILD_DIR)/bench/bench_dra 2000
 
 # ASan + UBSan over the host-side code, its unit and integration tests (the timing tests
 # measure the wall clock, which instrumentation slows: they run in the release build).

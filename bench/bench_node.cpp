@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "latency.h"
 #include "test_kubelet.h"
 
 extern char** environ;
@@ -35,15 +36,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using tessera::test::TestKubelet;
 
-double micros(Clock::duration duration) {
-  return std::chrono::duration<double, std::micro>(duration).count();
-}
-
-double percentile(std::vector<double> values, double fraction) {
-  std::sort(values.begin(), values.end());
-  return values[std::min(values.size() - 1,
-                         static_cast<std::size_t>(fraction * static_cast<double>(values.size())))];
-}
+using tessera::bench::micros;
+using tessera::bench::percentile;
 
 // Starts argv with its output discarded (the agent logs every slice it grants).
 pid_t spawn(const std::vector<std::string>& argv) {
