@@ -153,6 +153,7 @@ std::size_t DraDriver::prepared() const {
 }
 
 std::vector<DraDriver::Held> DraDriver::check(const std::vector<AllocatedDevice>& devices) const {
+  const SharedDefaults defaults = shared_defaults(served_config_());
   std::vector<Held> held;
   for (const AllocatedDevice& allocated : devices) {
     const std::optional<PublishedDevice> device =
@@ -171,8 +172,11 @@ std::vector<DraDriver::Held> DraDriver::check(const std::vector<AllocatedDevice>
     }
     Held h{allocated.device, device->kind, device->gpu};
     if (device->kind == DeviceKind::shared) {
-      h.memory_bytes = allocated.memory_bytes.value_or(kSharedMemoryDefaultBytes);
-      h.cores = allocated.cores.value_or(kSharedCoresDefault);
+      // kube-scheduler records what a claim consumed, defaults included; one allocated by
+      // another means gets the node's defaults, as the slices state them.
+      h.memory_bytes = allocated.memory_bytes.value_or(
+          defaults.memory_on(inventory_.gpus[static_cast<std::size_t>(device->gpu)]));
+      h.cores = allocated.cores.value_or(defaults.cores_or_default());
     }
     held.push_back(h);
   }

@@ -48,7 +48,8 @@ void DraNodePlugin::start() {
       [this] { return agent_.served_config(); }, report_);
   driver_->restore();
   // The slices before the plugin: a kubelet that registers it finds the devices published.
-  if (const base::Status published = publisher_.publish(agent_.inventory(), gpu_health());
+  if (const base::Status published = publisher_.publish(agent_.inventory(), gpu_health(),
+                                                        shared_defaults(agent_.served_config()));
       !published.ok()) {
     base::tell(report_, "dra: " + published.message() + " (retrying)");
   }
@@ -74,7 +75,8 @@ void DraNodePlugin::publish_loop() {
   while (!stopping_) {
     seen = agent_.changes().wait(seen, kHealthCheck);
     if (stopping_ || std::chrono::steady_clock::now() < next_try) continue;
-    if (const base::Status published = publisher_.publish(agent_.inventory(), gpu_health());
+    if (const base::Status published = publisher_.publish(agent_.inventory(), gpu_health(),
+                                                          shared_defaults(agent_.served_config()));
         !published.ok()) {
       base::tell(report_, "dra: " + published.message() + " (retrying)");
       next_try = std::chrono::steady_clock::now() + kRetry;

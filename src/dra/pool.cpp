@@ -107,7 +107,8 @@ std::string placement_name(int gpu, const mig::Profile& profile, int start) {
   return fmt::format("gpu-{}-{}-{}", gpu, name, start);
 }
 
-json device_spec(const Inventory& inventory, const PublishedDevice& device) {
+json device_spec(const Inventory& inventory, const PublishedDevice& device,
+                 const SharedDefaults& defaults) {
   const GpuInfo& gpu = inventory.gpus[static_cast<std::size_t>(device.gpu)];
   const mig::GpuModel* model = mig_model(gpu);
   const int all_slices = model != nullptr ? model->memory_slices : 0;
@@ -121,7 +122,7 @@ json device_spec(const Inventory& inventory, const PublishedDevice& device) {
     case DeviceKind::shared: {
       spec["attributes"] = gpu_attributes(inventory, gpu, "shared");
       spec["allowMultipleAllocations"] = true;
-      const std::uint64_t memory_default = std::min(kSharedMemoryDefaultBytes, gpu.memory_bytes);
+      const std::uint64_t memory_default = defaults.memory_on(gpu);
       spec["capacity"] = {{contract::kDraMemoryCapacity,
                            {{"value", memory_quantity(gpu.memory_bytes)},
                             {"requestPolicy",
@@ -133,7 +134,7 @@ json device_spec(const Inventory& inventory, const PublishedDevice& device) {
                           {contract::kDraCoresCapacity,
                            {{"value", "100"},
                             {"requestPolicy",
-                             {{"default", std::to_string(kSharedCoresDefault)},
+                             {{"default", std::to_string(defaults.cores_or_default())},
                               {"validRange", {{"min", "1"}, {"max", "100"}, {"step", "1"}}}}}}}};
       spec["consumesCounters"] = consumes(device.gpu, gpu.memory_bytes, 0, all_slices);
       break;
@@ -169,6 +170,28 @@ json device_spec(const Inventory& inventory, const PublishedDevice& device) {
 }
 
 }  // namespace
+
+std::uint64_t SharedDefaults::memory_on(const GpuInfo& gpu) const {
+  std::uint64_t bytes = memory_per_slice;
+  if (bytes == 0)
+    bytes = replicas > 0 ? gpu.memory_bytes / static_cast<std::uint64_t>(replicas)
+                         : kSharedMemoryDefaultBytes;
+  bytes = bytes / kSharedMemoryStepBytes * kSharedMemoryStepBytes;
+  const std::uint64_t most = gpu.memory_bytes / kSharedMemoryStepBytes * kSharedMemoryStepBytes;
+  return std::clamp(bytes, kSharedMemoryStepBytes, std::max(most, kSharedMemoryStepBytes));
+}
+
+SharedDefaults shared_defaults(const node::PluginConfig& config) {
+  SharedDefaults defaults;
+  for (const node::SharedResource& resource : config.slices.resources) {
+    if (resource.name != "nvidia.com/gpu") continue;
+    defaults.memory_per_slice = resource.memory_per_slice;
+    defaults.replicas = resource.replicas;
+    defaults.cores = resource.cores_per_slice;
+    break;
+  }
+  return defaults;
+}
 
 std::string memory_quantity(std::uint64_t bytes) {
   return fmt::format("{}Mi", (bytes + (std::uint64_t{1} << 20) - 1) >> 20);
@@ -209,7 +232,8 @@ std::optional<PublishedDevice> find_published_device(const Inventory& inventory,
 }
 
 std::vector<json> pool_slices(const Inventory& inventory, const GpuHealth& health,
-                              const std::string& node, std::int64_t generation) {
+                              const SharedDefaults& defaults, const std::string& node,
+                              std::int64_t generation) {
   json counter_sets = json::array();
   for (std::size_t index = 0; index < inventory.gpus.size(); ++index) {
     const GpuInfo& gpu = inventory.gpus[index];
@@ -224,7 +248,7 @@ std::vector<json> pool_slices(const Inventory& inventory, const GpuHealth& healt
   }
   std::vector<json> device_specs;
   for (const PublishedDevice& device : published_devices(inventory)) {
-    json spec = device_spec(inventory, device);
+    json spec = device_spec(inventory, device, defaults);
     const auto gpu = static_cast<std::size_t>(device.gpu);
     if (gpu < health.size() && !health[gpu].empty()) {
       json taint = {{"key", kUnhealthyTaint}, {"effect", "NoSchedule"}};

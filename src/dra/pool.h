@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "mig/catalog.h"
+#include "node/config.h"
 #include "node/nvml.h"
 
 namespace tessera::dra {
@@ -44,11 +45,27 @@ struct PublishedDevice {
   int start = 0;                          // mig_placement: its first memory slice
 };
 
-// The shared GPU's request policies: what a claim that names no amount consumes, and the
-// steps it may ask in.
-inline constexpr std::uint64_t kSharedMemoryDefaultBytes = std::uint64_t{1} << 30;
+// The shared GPU's request policies: the steps a claim may ask memory in, and what a claim that
+// names no amount consumes where the node's config does not say.
 inline constexpr std::uint64_t kSharedMemoryStepBytes = std::uint64_t{256} << 20;
+inline constexpr std::uint64_t kSharedMemoryDefaultBytes = std::uint64_t{1} << 30;
 inline constexpr int kSharedCoresDefault = 10;
+
+// What a claim on a shared GPU consumes when it names no amount, from the node's config: its
+// `sharing.slices` resource for nvidia.com/gpu, as a slice's defaults (memoryPerSlice, else the
+// GPU's memory over its replicas; coresPerSlice). So one config states a slice for both ways of
+// handing out GPUs.
+struct SharedDefaults {
+  std::uint64_t memory_per_slice = 0;  // 0: by replicas, else kSharedMemoryDefaultBytes
+  int replicas = 0;
+  int cores = 0;  // 0: kSharedCoresDefault
+  bool operator==(const SharedDefaults&) const = default;
+
+  // On `gpu`: a whole number of steps, at least one, at most the GPU's memory.
+  std::uint64_t memory_on(const GpuInfo& gpu) const;
+  int cores_or_default() const { return cores > 0 ? cores : kSharedCoresDefault; }
+};
+SharedDefaults shared_defaults(const node::PluginConfig& config);
 
 std::vector<PublishedDevice> published_devices(const Inventory& inventory);
 std::optional<PublishedDevice> find_published_device(const Inventory& inventory,
@@ -64,7 +81,8 @@ using GpuHealth = std::vector<std::string>;
 
 // The specs of the pool's slices at `generation`, in order (metadata is the publisher's).
 std::vector<nlohmann::json> pool_slices(const Inventory& inventory, const GpuHealth& health,
-                                        const std::string& node, std::int64_t generation);
+                                        const SharedDefaults& defaults, const std::string& node,
+                                        std::int64_t generation);
 
 // A Kubernetes quantity for bytes, in MiB ("81559Mi"): exact for every size NVML reports.
 std::string memory_quantity(std::uint64_t bytes);

@@ -33,8 +33,9 @@ std::string SlicePublisher::slice_name(std::size_t index) const {
   return fmt::format("{}-{}-{}", node_.substr(0, 200), driver_, index);
 }
 
-base::Status SlicePublisher::publish(const node::Inventory& inventory, const GpuHealth& health) {
-  const std::vector<json> wanted = pool_slices(inventory, health, node_, 0);
+base::Status SlicePublisher::publish(const node::Inventory& inventory, const GpuHealth& health,
+                                     const SharedDefaults& defaults) {
+  const std::vector<json> wanted = pool_slices(inventory, health, defaults, node_, 0);
   if (current_ && wanted == published_) return base::Status::success();
   current_ = false;
 
@@ -65,7 +66,7 @@ base::Status SlicePublisher::publish(const node::Inventory& inventory, const Gpu
         fmt::format("the ResourceSlices of {} cannot be read: {}", node_, unreadable.what()));
   }
   const std::int64_t generation = newest + 1;
-  const std::vector<json> specs = pool_slices(inventory, health, node_, generation);
+  const std::vector<json> specs = pool_slices(inventory, health, defaults, node_, generation);
   for (std::size_t index = 0; index < specs.size(); ++index) {
     const std::string name = slice_name(index);
     const json object = {{"apiVersion", "resource.k8s.io/v1"},

@@ -1,7 +1,7 @@
 // Keeps the node's ResourceSlices current through the API server: the pool's slices are
-// rewritten at a new generation whenever what they say changes (a GPU's health, its MIG
-// devices), and slices left over from an older layout are deleted. Consumers use only the
-// slices of a pool's highest generation, so a pool is never seen half-written.
+// rewritten at a new generation whenever what they say changes (a GPU's health, the config's
+// defaults for shared GPUs), and slices left over from an older layout are deleted. Consumers use
+// only the slices of a pool's highest generation, so a pool is never seen half-written.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,8 @@ class SlicePublisher {
 
   // Publishes the pool if it differs from what was last published (or that failed). A failure
   // says which slice and why; the next call tries again.
-  base::Status publish(const node::Inventory& inventory, const GpuHealth& health);
+  base::Status publish(const node::Inventory& inventory, const GpuHealth& health,
+                       const SharedDefaults& defaults);
   std::int64_t generation() const { return generation_; }
 
   // The name of the pool's `index`th slice.

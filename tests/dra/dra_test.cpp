@@ -14,8 +14,8 @@
 #include "dra/claim.h"
 #include "dra/driver.h"
 #include "dra/pool.h"
-#include "dra/slice_publisher.h"
 #include "dra/sharing_config.h"
+#include "dra/slice_publisher.h"
 #include "kube/quantity.h"
 #include "ledger/ledger.h"
 #include "memory_cluster.h"
@@ -228,7 +228,7 @@ TEST(DraPool, SlicesCarryWholeSharedAndMigDevicesAndTheCountersOfAMigCapableGpu)
   Inventory inventory = machine(2, kH100);
   for (GpuInfo& gpu : inventory.gpus) gpu.memory_bytes = 81559ull << 20;
   give_mig_devices(inventory.gpus[1], {"3g.40gb", "1g.10gb"});
-  const std::vector<json> slices = dra::pool_slices(inventory, {"", ""}, "gpu-node", 7);
+  const std::vector<json> slices = dra::pool_slices(inventory, {"", ""}, {}, "gpu-node", 7);
   ASSERT_GE(slices.size(), 2u);
   // Counter sets in a slice of their own, first; every slice says the pool's generation and
   // how many slices it has.
@@ -283,9 +283,38 @@ TEST(DraPool, SlicesCarryWholeSharedAndMigDevicesAndTheCountersOfAMigCapableGpu)
   EXPECT_EQ(by_name.at("gpu-1-mig-1")["capacity"]["multiprocessors"]["value"], "14");
 }
 
+// One config states a slice for both ways of handing out GPUs: a slices config's defaults are
+// what a shared claim that names no amount consumes.
+TEST(DraPool, TheConfigsSliceDefaultsAreTheSharedGpusRequestDefaults) {
+  Inventory inventory = machine(1, kH100);
+  inventory.gpus[0].memory_bytes = 81559ull << 20;
+  auto shared_policy = [&](const std::string& resource_fields) {
+    const PluginConfig config = parse_plugin_config(
+        "version: v1\nsharing:\n  slices:\n    resources:\n    - name: nvidia.com/gpu\n" +
+            resource_fields,
+        "test");
+    for (const json& slice :
+         dra::pool_slices(inventory, {""}, dra::shared_defaults(config), "n", 1)) {
+      for (const json& device : slice.value("devices", json::array())) {
+        if (device["name"] == "gpu-0-shared") {
+          return std::make_pair(device["capacity"]["memory"]["requestPolicy"]["default"],
+                                device["capacity"]["cores"]["requestPolicy"]["default"]);
+        }
+      }
+    }
+    return std::make_pair(json(), json());
+  };
+  EXPECT_EQ(
+      shared_policy("      replicas: 4\n      memoryPerSlice: 16GiB\n      coresPerSlice: 25\n"),
+      std::make_pair(json("16384Mi"), json("25")));
+  // By replicas: a quarter of 81559 MiB, down to a whole number of 256 MiB steps.
+  EXPECT_EQ(shared_policy("      replicas: 4\n"), std::make_pair(json("20224Mi"), json("10")));
+  EXPECT_EQ(dra::shared_defaults(default_plugin_config()), dra::SharedDefaults());
+}
+
 TEST(DraPool, AnUnhealthyGpusDevicesAreTaintedAndOnlyThose) {
   const Inventory inventory = machine(2, kH100);
-  const auto slices = dra::pool_slices(inventory, {"", "XID 79: fallen off the bus"}, "n", 1);
+  const auto slices = dra::pool_slices(inventory, {"", "XID 79: fallen off the bus"}, {}, "n", 1);
   for (const json& device : all_devices(slices)) {
     const bool on_gpu1 = device["name"].get<std::string>().starts_with("gpu-1");
     ASSERT_EQ(device.contains("taints"), on_gpu1) << device["name"];
@@ -326,26 +355,26 @@ TEST(DraSlices, ThePoolIsRewrittenAtANewGenerationOnlyWhenItChangesAndLeftoversG
                                    {"nodeName", "gpu-node"},
                                    {"pool", {{"name", "gpu-node"}, {"generation", 5}}}}}});
   dra::SlicePublisher publisher(cluster, contract::kDraDriverName, "gpu-node");
-  ASSERT_TRUE(publisher.publish(inventory, {"", ""}).ok());
+  ASSERT_TRUE(publisher.publish(inventory, {"", ""}, {}).ok());
   EXPECT_EQ(publisher.generation(), 6);  // past every generation seen
   auto slices = slices_in(cluster);
   EXPECT_FALSE(slices.contains("gpu-node-gpu.tessera.io-9"));
-  ASSERT_EQ(slices.size(), dra::pool_slices(inventory, {"", ""}, "gpu-node", 6).size());
+  ASSERT_EQ(slices.size(), dra::pool_slices(inventory, {"", ""}, {}, "gpu-node", 6).size());
   for (const auto& [name, slice] : slices) EXPECT_EQ(slice["spec"]["pool"]["generation"], 6);
 
   // Nothing changed: nothing written.
   const std::string version = slices.begin()->second["metadata"]["resourceVersion"];
-  ASSERT_TRUE(publisher.publish(inventory, {"", ""}).ok());
+  ASSERT_TRUE(publisher.publish(inventory, {"", ""}, {}).ok());
   EXPECT_EQ(slices_in(cluster).begin()->second["metadata"]["resourceVersion"], version);
 
   // A GPU fails while the API server refuses writes: the failure names the slice, and the next
   // publication after it recovers writes the taint at the next generation.
   cluster.fail_writes_with(500);
-  const base::Status refused = publisher.publish(inventory, {"", "XID 79"});
+  const base::Status refused = publisher.publish(inventory, {"", "XID 79"}, {});
   EXPECT_NE(refused.message().find("ResourceSlice gpu-node-gpu.tessera.io-0"), std::string::npos)
       << refused.message();
   cluster.fail_writes_with(200);
-  ASSERT_TRUE(publisher.publish(inventory, {"", "XID 79"}).ok());
+  ASSERT_TRUE(publisher.publish(inventory, {"", "XID 79"}, {}).ok());
   EXPECT_EQ(publisher.generation(), 7);
   bool tainted = false;
   for (const auto& [name, slice] : slices_in(cluster)) {
