@@ -492,6 +492,31 @@ TEST_F(DraDriverTest, UnprepareAfterARestartRemovesEverythingAndIsIdempotent) {
   EXPECT_EQ(restarted->unprepare(claim), "");  // again: nothing to do, no error
 }
 
+// A checkpoint written over (a full disk, a person's edit) is skipped with a word, not trusted;
+// Unprepare of its claim still removes everything, since all of it is named by the UID.
+TEST_F(DraDriverTest, AnUnreadableCheckpointIsSkippedAndUnprepareStillCleansUp) {
+  const std::string uid = "0f0e0d0c-0000-4000-8000-000000000012";
+  const dra::ClaimRef claim = put(shared_claim(uid, "gpu-0-shared", "2Gi", "20"));
+  const auto before = files_under(scratch_.path());
+  ASSERT_EQ(driver()->prepare(claim).error, "");
+  for (const std::string& garbage : {std::string("{\"claim\": 7}"),
+                                     std::string("\x01\x02 not json"), std::string(2 << 20, '[')}) {
+    std::ofstream(scratch_.file("state/dra/claims/" + uid + ".json"), std::ios::trunc) << garbage;
+    std::vector<std::string> said;
+    dra::DraDriver restarted(
+        {contract::kDraDriverName, "gpu-node", scratch_.file("cdi"),
+         scratch_.file("state/dra/claims")},
+        inventory_, health_, grants_, cluster_, [] { return default_plugin_config(); },
+        [&](const std::string& text) { said.push_back(text); });
+    restarted.restore();
+    EXPECT_EQ(restarted.prepared(), 0u);
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_NE(said[0].find("is not readable and is skipped"), std::string::npos) << said[0];
+  }
+  EXPECT_EQ(driver()->unprepare(claim), "");
+  EXPECT_EQ(files_under(scratch_.path()), before);
+}
+
 TEST_F(DraDriverTest, ConflictingClaimsAreRefusedAndSharedGpusNeverOverbooked) {
   const auto driver = this->driver();
   const dra::ClaimRef whole =
