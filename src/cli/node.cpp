@@ -174,8 +174,10 @@ int node_command(const NodeOptions& options) {
     metrics.new_task_queue = [] { return new httplib::ThreadPool(4); };
     metrics.set_read_timeout(5, 0);
     metrics.set_write_timeout(5, 0);
-    metrics.Get("/metrics", [&node_agent](const httplib::Request&, httplib::Response& response) {
-      response.set_content(node_agent.metrics(), "text/plain; version=0.0.4");
+    metrics.Get("/metrics", [&node_agent, &dra_plugin](const httplib::Request&,
+                                                       httplib::Response& response) {
+      response.set_content(node_agent.metrics() + (dra_plugin ? dra_plugin->metrics() : ""),
+                           "text/plain; version=0.0.4");
     });
     metrics.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
       response.set_content("ok", "text/plain");

@@ -318,6 +318,12 @@ void DraDriver::remove_made(const std::string& uid, std::vector<std::string>& fa
 }
 
 PrepareAnswer DraDriver::prepare(const ClaimRef& claim) {
+  PrepareAnswer answer = prepare_claim(claim);
+  ++(answer.error.empty() ? answers_prepared_ : answers_refused_);
+  return answer;
+}
+
+PrepareAnswer DraDriver::prepare_claim(const ClaimRef& claim) {
   PrepareAnswer answer;
   if (!valid_claim_uid(claim.uid)) {
     answer.error = fmt::format("claim UID '{}' is not a UID", claim.uid.substr(0, 64));

@@ -14,6 +14,7 @@
 // another, and the claims sharing a GPU never hold more memory or cores than it has.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <string>
@@ -68,6 +69,9 @@ class DraDriver {
   // "" when nothing of the claim is left, else why.
   std::string unprepare(const ClaimRef& claim) EXCLUDES(mutex_);
   std::size_t prepared() const EXCLUDES(mutex_);
+  // Prepare's answers per claim so far, retries included.
+  std::uint64_t answers_prepared() const { return answers_prepared_.load(); }
+  std::uint64_t answers_refused() const { return answers_refused_.load(); }
 
  private:
   // What a prepared claim holds, as the checkpoint keeps it.
@@ -83,6 +87,7 @@ class DraDriver {
     std::vector<Held> held;
     std::vector<PreparedDevice> answer;
   };
+  PrepareAnswer prepare_claim(const ClaimRef& claim) EXCLUDES(mutex_);
   static nlohmann::json checkpoint_json(const Prepared& prepared);
   static Prepared checkpoint_from_json(const nlohmann::json& json);
   std::string checkpoint_path(const std::string& uid) const;
@@ -101,6 +106,7 @@ class DraDriver {
   base::Reporter report_;
   mutable base::Mutex mutex_;
   std::map<std::string, Prepared> prepared_ GUARDED_BY(mutex_);  // by claim UID
+  std::atomic<std::uint64_t> answers_prepared_{0}, answers_refused_{0};
 };
 
 }  // namespace tessera::dra

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "base/prometheus.h"
 #include "contract/host_layout.h"
 
 namespace tessera::dra {
@@ -12,6 +13,9 @@ namespace {
 // A health change reaches the slices within this, whatever else happens.
 constexpr auto kHealthCheck = std::chrono::milliseconds(200);
 constexpr auto kRetry = std::chrono::seconds(1);
+// How often the slices on the API server are compared with the pool: one deleted or edited
+// by someone else comes back within this.
+constexpr auto kRecheck = std::chrono::seconds(30);
 
 }  // namespace
 
@@ -70,18 +74,44 @@ void DraNodePlugin::stop() {
 }
 
 void DraNodePlugin::publish_loop() {
+  using Clock = std::chrono::steady_clock;
   std::uint64_t seen = agent_.changes().generation();
-  auto next_try = std::chrono::steady_clock::now();
+  auto next_try = Clock::now();
+  auto next_recheck = Clock::now() + kRecheck;
   while (!stopping_) {
     seen = agent_.changes().wait(seen, kHealthCheck);
-    if (stopping_ || std::chrono::steady_clock::now() < next_try) continue;
+    if (stopping_ || Clock::now() < next_try) continue;
+    if (Clock::now() >= next_recheck) {
+      publisher_.recheck();
+      next_recheck = Clock::now() + kRecheck;
+    }
     if (const base::Status published = publisher_.publish(agent_.inventory(), gpu_health(),
                                                           shared_defaults(agent_.served_config()));
         !published.ok()) {
       base::tell(report_, "dra: " + published.message() + " (retrying)");
-      next_try = std::chrono::steady_clock::now() + kRetry;
+      next_try = Clock::now() + kRetry;
     }
+    generation_ = publisher_.generation();
   }
+}
+
+std::string DraNodePlugin::metrics() const {
+  base::Exposition out;
+  out.family("tessera_dra_prepared_claims", "gauge",
+             "Claims prepared on this node and not yet unprepared");
+  out.add("tessera_dra_prepared_claims", "", static_cast<double>(driver_->prepared()));
+  out.family("tessera_dra_prepare_calls_total", "counter",
+             "NodePrepareResources answers per claim, by result");
+  out.add("tessera_dra_prepare_calls_total", "result=\"prepared\"",
+          static_cast<double>(driver_->answers_prepared()));
+  out.add("tessera_dra_prepare_calls_total", "result=\"refused\"",
+          static_cast<double>(driver_->answers_refused()));
+  out.family("tessera_dra_pool_generation", "gauge",
+             "The generation of this node's ResourceSlice pool last published");
+  out.add("tessera_dra_pool_generation", "", static_cast<double>(generation_.load()));
+  out.family("tessera_dra_registered", "gauge", "Whether the kubelet registered the DRA plugin");
+  out.add("tessera_dra_registered", "", server_ != nullptr && server_->registered() ? 1 : 0);
+  return out.text();
 }
 
 }  // namespace tessera::dra

@@ -45,6 +45,8 @@ class DraNodePlugin {
   void start();
   void stop();
   DraDriver& driver() { return *driver_; }
+  // The plugin's metrics, in Prometheus' text format (served beside the agent's). After start().
+  std::string metrics() const;
 
  private:
   void publish_loop();
@@ -56,7 +58,8 @@ class DraNodePlugin {
   base::Reporter report_;
   std::unique_ptr<DraDriver> driver_;
   std::unique_ptr<DraPluginServer> server_;
-  SlicePublisher publisher_;  // the publish thread's alone
+  SlicePublisher publisher_;                 // the publish thread's alone
+  std::atomic<std::int64_t> generation_{0};  // the publisher's, for the metrics
   std::atomic<bool> stopping_{false};
   std::thread publisher_thread_;
 };

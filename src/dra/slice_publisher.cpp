@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <map>
 
@@ -17,6 +18,35 @@ constexpr auto kCallBudget = std::chrono::seconds(5);
 
 kube::Deadline deadline() {
   return std::chrono::steady_clock::now() + kCallBudget;
+}
+
+// The fields this driver writes only sometimes (a taint while a GPU is unhealthy): where it
+// does not want one, the API server must not hold one.
+constexpr std::array<const char*, 4> kSometimesWritten = {"taints", "allowMultipleAllocations",
+                                                          "consumesCounters", "requestPolicy"};
+
+// Whether `have` says what `want` does: the API server adds defaults and timestamps of its own
+// (a taint's timeAdded) to what was written, but holds none of the sometimes-written fields
+// that `want` lacks.
+bool covers(const json& have, const json& want) {
+  if (want.is_object()) {
+    if (!have.is_object()) return false;
+    for (const auto& [key, value] : want.items()) {
+      if (!have.contains(key) || !covers(have[key], value)) return false;
+    }
+    for (const char* field : kSometimesWritten) {
+      if (have.contains(field) && !want.contains(field)) return false;
+    }
+    return true;
+  }
+  if (want.is_array()) {
+    if (!have.is_array() || have.size() != want.size()) return false;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (!covers(have[i], want[i])) return false;
+    }
+    return true;
+  }
+  return have == want;
 }
 
 std::string why(const kube::ApiResponse& response) {
@@ -64,6 +94,23 @@ base::Status SlicePublisher::publish(const node::Inventory& inventory, const Gpu
   } catch (const std::exception& unreadable) {
     return base::Status::failure(
         fmt::format("the ResourceSlices of {} cannot be read: {}", node_, unreadable.what()));
+  }
+  // What the API server holds says this pool already (after a restart, or at a recheck):
+  // nothing to write.
+  if (existing.size() == wanted.size()) {
+    const std::vector<json> held = pool_slices(inventory, health, defaults, node_, newest);
+    bool same = true;
+    for (std::size_t index = 0; same && index < held.size(); ++index) {
+      const auto found = existing.find(slice_name(index));
+      same = found != existing.end() && found->second.contains("spec") &&
+             covers(found->second["spec"], held[index]);
+    }
+    if (same) {
+      generation_ = newest;
+      published_ = wanted;
+      current_ = true;
+      return base::Status::success();
+    }
   }
   const std::int64_t generation = newest + 1;
   const std::vector<json> specs = pool_slices(inventory, health, defaults, node_, generation);

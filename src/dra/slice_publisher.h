@@ -25,6 +25,9 @@ class SlicePublisher {
   base::Status publish(const node::Inventory& inventory, const GpuHealth& health,
                        const SharedDefaults& defaults);
   std::int64_t generation() const { return generation_; }
+  // The next publish looks at the API server's slices again, and rewrites the pool only if
+  // they no longer say it (someone deleted or edited one).
+  void recheck() { current_ = false; }
 
   // The name of the pool's `index`th slice.
   std::string slice_name(std::size_t index) const;

@@ -324,6 +324,9 @@ TEST_F(DraNode, EveryClaimOfARequestGetsItsOwnAnswerAndHostileOnesHarmNoOther) {
   EXPECT_NE(answer.claims().at("not/a/uid").error().find("is not a UID"), std::string::npos);
   EXPECT_NE(answer.claims().at("a1b2c3d4-0000-4000-8000-000000000099").error().find("HTTP 404"),
             std::string::npos);
+  EXPECT_EQ(node.metric("tessera_dra_prepare_calls_total{result=\"refused\"}"), 4);
+  EXPECT_EQ(node.metric("tessera_dra_prepared_claims"), 1);
+  EXPECT_EQ(node.metric("tessera_dra_registered"), 1);
   // v1beta1 answers alike.
   k8s::io::kubelet::pkg::apis::dra::v1beta1::NodePrepareResourcesResponse beta;
   ASSERT_TRUE(kubelet_.prepare_v1beta1({{"default", good, "good"}}, beta).ok());

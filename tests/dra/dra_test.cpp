@@ -362,10 +362,25 @@ TEST(DraSlices, ThePoolIsRewrittenAtANewGenerationOnlyWhenItChangesAndLeftoversG
   ASSERT_EQ(slices.size(), dra::pool_slices(inventory, {"", ""}, {}, "gpu-node", 6).size());
   for (const auto& [name, slice] : slices) EXPECT_EQ(slice["spec"]["pool"]["generation"], 6);
 
-  // Nothing changed: nothing written.
+  // Nothing changed: nothing written, also when asked to look again, and by a publisher that
+  // starts afresh (the agent restarted) over the same pool, which takes its generation.
   const std::string version = slices.begin()->second["metadata"]["resourceVersion"];
   ASSERT_TRUE(publisher.publish(inventory, {"", ""}, {}).ok());
+  publisher.recheck();
+  ASSERT_TRUE(publisher.publish(inventory, {"", ""}, {}).ok());
+  dra::SlicePublisher restarted(cluster, contract::kDraDriverName, "gpu-node");
+  ASSERT_TRUE(restarted.publish(inventory, {"", ""}, {}).ok());
+  EXPECT_EQ(restarted.generation(), 6);
   EXPECT_EQ(slices_in(cluster).begin()->second["metadata"]["resourceVersion"], version);
+
+  // A slice deleted by someone else comes back at the next recheck, at a new generation.
+  cluster.remove("resourceslices", "gpu-node-gpu.tessera.io-1");
+  ASSERT_TRUE(publisher.publish(inventory, {"", ""}, {}).ok());
+  EXPECT_FALSE(slices_in(cluster).contains("gpu-node-gpu.tessera.io-1"));  // not looked at yet
+  publisher.recheck();
+  ASSERT_TRUE(publisher.publish(inventory, {"", ""}, {}).ok());
+  EXPECT_TRUE(slices_in(cluster).contains("gpu-node-gpu.tessera.io-1"));
+  EXPECT_EQ(publisher.generation(), 7);
 
   // A GPU fails while the API server refuses writes: the failure names the slice, and the next
   // publication after it recovers writes the taint at the next generation.
@@ -375,10 +390,17 @@ TEST(DraSlices, ThePoolIsRewrittenAtANewGenerationOnlyWhenItChangesAndLeftoversG
       << refused.message();
   cluster.fail_writes_with(200);
   ASSERT_TRUE(publisher.publish(inventory, {"", "XID 79"}, {}).ok());
-  EXPECT_EQ(publisher.generation(), 7);
+  EXPECT_EQ(publisher.generation(), 8);
+  // A publisher that starts afresh while the GPU has recovered does not take the tainted pool
+  // for the one it wants.
+  dra::SlicePublisher after_recovery(cluster, contract::kDraDriverName, "gpu-node");
+  ASSERT_TRUE(after_recovery.publish(inventory, {"", ""}, {}).ok());
+  EXPECT_EQ(after_recovery.generation(), 9);
+  publisher.recheck();  // it looks, and finds its taint gone
+  ASSERT_TRUE(publisher.publish(inventory, {"", "XID 79"}, {}).ok());
   bool tainted = false;
   for (const auto& [name, slice] : slices_in(cluster)) {
-    EXPECT_EQ(slice["spec"]["pool"]["generation"], 7);
+    EXPECT_EQ(slice["spec"]["pool"]["generation"], 10);
     for (const json& device : slice["spec"].value("devices", json::array())) {
       tainted |= device["name"] == "gpu-1" && device.contains("taints");
     }
