@@ -12,11 +12,14 @@
 #include <nlohmann/json.hpp>
 
 #include "contract/dra.h"
+#include "contract/host_layout.h"
 #include "contract/layout.h"
 #include "contract/variables.h"
 #include "device_record.h"
+#include "dra/cdi.h"
 #include "dra_kubelet.h"
 #include "fake_cluster.h"
+#include "node/container_grants.h"
 #include "support.h"
 
 namespace tessera::test {
@@ -259,7 +262,7 @@ TEST_F(DraNode, ASharedClaimRunsHeldToItsLimitsAndUnprepareCleansUpAfterAKill9) 
   ASSERT_EQ(answer.devices_size(), 1);
   EXPECT_EQ(answer.devices(0).pool_name(), kNode);
   EXPECT_EQ(answer.devices(0).device_name(), "gpu-0-shared");
-  const std::string spec_path = scratch_.file("cdi") + "/k8s.gpu.tessera.io_claim-" + uid + ".json";
+  const std::string spec_path = dra::cdi_spec_path(scratch_.file("cdi"), uid);
   const ContainerSpec container = apply_cdi(spec_path, {answer.devices(0).cdi_device_ids().begin(),
                                                         answer.devices(0).cdi_device_ids().end()});
 
@@ -283,7 +286,8 @@ TEST_F(DraNode, ASharedClaimRunsHeldToItsLimitsAndUnprepareCleansUpAfterAKill9) 
   ASSERT_TRUE(kubelet_.unprepare({claim}, unprepared).ok());
   EXPECT_EQ(unprepared.claims().at(uid).error(), "");
   EXPECT_FALSE(fs::exists(spec_path));
-  EXPECT_FALSE(fs::exists(scratch_.file("state/containers/claim-" + uid)));
+  EXPECT_FALSE(fs::exists(
+      contract::StateLayout(scratch_.file("state")).container(node::claim_container_id(uid))));
   EXPECT_FALSE(fs::exists(scratch_.file("state/dra/claims/" + uid + ".json")));
   ASSERT_TRUE(kubelet_.unprepare({claim}, unprepared).ok());
   EXPECT_EQ(unprepared.claims().at(uid).error(), "");
@@ -355,7 +359,7 @@ TEST_F(DraNode, TwoClaimsOnAGpuCoordinateByPriority) {
     const auto& claim = answer.claims().at(uid);
     EXPECT_EQ(claim.error(), "");
     return apply_cdi(
-        scratch_.file("cdi") + "/k8s.gpu.tessera.io_claim-" + uid + ".json",
+        dra::cdi_spec_path(scratch_.file("cdi"), uid),
         {claim.devices(0).cdi_device_ids().begin(), claim.devices(0).cdi_device_ids().end()});
   };
   const ContainerSpec interactive =

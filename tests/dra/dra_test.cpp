@@ -434,7 +434,7 @@ class DraDriverTest : public ::testing::Test {
     return ref_of(claim);
   }
   std::string ledger_of(const std::string& uid) const {
-    return scratch_.file("state/containers/claim-" + uid + "/group/") + contract::kLedgerFileName;
+    return contract::StateLayout(scratch_.file("state")).ledger(claim_container_id(uid));
   }
   std::vector<std::string> files_under(const std::string& directory) const {
     std::vector<std::string> files;
