@@ -12,6 +12,7 @@
 #include "contract/dra.h"
 #include "contract/host_layout.h"
 #include "node/nvml.h"
+#include "sched/trace_generator.h"
 
 namespace tessera::cli {
 
@@ -64,6 +65,13 @@ struct SimOptions {
   bool references = true;  // the offline packer and the bound beside the policies
 };
 int sim_command(const SimOptions& options);
+
+struct TraceGenOptions {
+  std::string nodes, from, output;
+  sched::TraceShape shape;
+  std::uint64_t seed = 1;
+};
+int trace_gen_command(const TraceGenOptions& options);
 
 struct SchedulerOptions {
   std::string listen = "127.0.0.1:8888";

@@ -81,6 +81,27 @@ int main(int argc, char** argv) {
   sim_app->add_flag("!--no-references", sim.references,
                     "Leave out the offline packer and the bound shown beside the policies");
 
+  TraceGenOptions trace_gen;
+  CLI::App* trace_gen_app = app.add_subcommand(
+      "gen-trace", "Write a trace of the same pods in another shape, for tuning policies");
+  trace_gen_app
+      ->add_option("--nodes", trace_gen.nodes,
+                   "Node list CSV: the models and CPU a generated pod must fit")
+      ->required();
+  trace_gen_app->add_option("--from", trace_gen.from, "Pod list CSV to draw pods from")->required();
+  trace_gen_app->add_option("--output", trace_gen.output, "Pod list CSV to write")->required();
+  trace_gen_app->add_option("--sharing", trace_gen.shape.sharing,
+                            "Share of the GPU asked by GPU-sharing pods (0-1; default: as --from)");
+  trace_gen_app->add_option("--multi-gpu", trace_gen.shape.multi_gpu,
+                            "Share of the GPU asked by pods of several GPUs (0-1)");
+  trace_gen_app->add_option("--gpu-spec", trace_gen.shape.gpu_spec,
+                            "Share of GPU pods restricted to one GPU model (0-1)");
+  trace_gen_app->add_option("--gpu-pod-cpu", trace_gen.shape.gpu_pod_cpu,
+                            "Factor on each GPU pod's CPU");
+  trace_gen_app->add_option("--cpu-only", trace_gen.shape.cpu_only,
+                            "Factor on the number of CPU-only pods");
+  trace_gen_app->add_option("--seed", trace_gen.seed, "Seed of the draw");
+
   SchedulerOptions scheduler;
   CLI::App* scheduler_app = app.add_subcommand("scheduler", "Serve the kube-scheduler extender");
   scheduler_app->add_option("--listen", scheduler.listen, "HOST:PORT to serve on (port 0: any)");
@@ -241,6 +262,7 @@ int main(int argc, char** argv) {
     if (run_app->parsed()) return run_command(run);
     if (devices_app->parsed()) return devices_command(devices);
     if (sim_app->parsed()) return sim_command(sim);
+    if (trace_gen_app->parsed()) return trace_gen_command(trace_gen);
     if (scheduler_app->parsed()) return scheduler_command(scheduler);
     if (node_app->parsed()) return node_command(node);
     if (simgpu_event_app->parsed()) return simgpu_event_command(simgpu_event);

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "sched/experiment.h"
+#include "sched/trace_generator.h"
 
 namespace tessera::cli {
 namespace {
@@ -171,6 +172,18 @@ int sim_command(const SimOptions& options) {
     fmt::print("{:<16}{:>12.2f} ± {:<4.2f}{:>12.2f} ± {:<4.2f}\n", name, mean(s.at100),
                deviation(s.at100), mean(s.at_max), deviation(s.at_max));
   }
+  return 0;
+}
+
+int trace_gen_command(const TraceGenOptions& options) {
+  const std::vector<sched::NodeSpec> nodes = sched::read_nodes(options.nodes);
+  const std::vector<sched::PodSpec> source = sched::read_pods(options.from);
+  if (const std::string why = sched::why_not_generable(source, options.shape); !why.empty()) {
+    throw UsageError(fmt::format("{}: {}", options.from, why));
+  }
+  const auto pods = sched::generate_trace(source, nodes, options.shape, options.seed);
+  sched::write_pods(options.output, pods);
+  fmt::print(stderr, "tessera gen-trace: {} pods written to {}\n", pods.size(), options.output);
   return 0;
 }
 

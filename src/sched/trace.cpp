@@ -150,4 +150,17 @@ std::vector<PodSpec> read_pods(const std::string& path) {
   return pods;
 }
 
+void write_pods(const std::string& path, const std::vector<PodSpec>& pods) {
+  std::ofstream output(path);
+  output << "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n";
+  for (const PodSpec& pod : pods) {
+    std::string spec;
+    for (const std::string& model : pod.models) spec += (spec.empty() ? "" : "|") + model;
+    output << fmt::format("{},{},{},{},{},{}\n", pod.name, pod.cpu_milli, pod.memory_mib, pod.gpus,
+                          pod.gpu_milli, spec);
+  }
+  output.close();
+  if (!output) throw std::runtime_error(fmt::format("{}: cannot write", path));
+}
+
 }  // namespace tessera::sched

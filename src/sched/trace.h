@@ -13,5 +13,8 @@ namespace tessera::sched {
 // Both throw std::runtime_error naming the file, line and column of the first bad field.
 std::vector<NodeSpec> read_nodes(const std::string& path);
 std::vector<PodSpec> read_pods(const std::string& path);
+// Writes pods as read_pods reads them (name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec);
+// throws std::runtime_error naming the file if it cannot be written.
+void write_pods(const std::string& path, const std::vector<PodSpec>& pods);
 
 }  // namespace tessera::sched
