@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -96,6 +97,15 @@ int main(int argc, char** argv) {
                             "Share of the GPU asked by pods of several GPUs (0-1)");
   trace_gen_app->add_option("--gpu-spec", trace_gen.shape.gpu_spec,
                             "Share of GPU pods restricted to one GPU model (0-1)");
+  trace_gen_app
+      ->add_option("--gpu-spec-choice", trace_gen.shape.model_choice,
+                   "How a restricted pod's model is chosen: gpus (weighed by the models' GPUs) "
+                   "or uniform")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, tessera::sched::TraceShape::ModelChoice>{
+              {"gpus", tessera::sched::TraceShape::ModelChoice::by_gpus},
+              {"uniform", tessera::sched::TraceShape::ModelChoice::uniform}},
+          CLI::ignore_case));
   trace_gen_app->add_option("--gpu-pod-cpu", trace_gen.shape.gpu_pod_cpu,
                             "Factor on each GPU pod's CPU");
   trace_gen_app->add_option("--cpu-only", trace_gen.shape.cpu_only,

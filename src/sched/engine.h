@@ -23,7 +23,9 @@ enum class Policy {
   spread,          // the emptiest node
   fgd,             // fragmentation gradient descent (Weng et al., ATC'23), as published
   fgd_packed,      // Tessera's: FGD's score, its ties broken by packing (packing_preference)
-  fgd_balanced,    // Tessera's: fgd_packed, counting GPUs their node's CPU can no longer feed
+  fgd_balanced,    // Tessera's: fgd_packed, counting GPUs their node's CPU can no longer feed,
+                   // and a model's GPUs as no fragment for pods that may not use it but as
+                   // reserved for them against pods that could go elsewhere
 };
 
 // Parses "fgd", "best-fit", ...; throws std::invalid_argument naming the known ones.
@@ -137,7 +139,9 @@ class Cluster {
   int mig_free(int node, const std::string& profile) const;
   // Fragmented milli-GPU of a node, or of the whole cluster, under the target workload: for
   // each class, the free GPU milli and MIG devices it cannot use, weighted by popularity.
-  double fragmentation(const Node& node) const;
+  double fragmentation(const Node& node) const {
+    return fragmentation(node, ForeignModels::fragmented);
+  }
   double fragmentation() const;
   // Free milli-GPU of a node that its CPU left cannot feed at the target workload's CPU per
   // milli-GPU: what fgd_balanced adds to FGD's fragmentation.
@@ -148,6 +152,17 @@ class Cluster {
   std::int64_t gpu_milli_allocated() const { return gpu_milli_allocated_; }
 
  private:
+  // How a class restricted to GPU models a node lacks sees that node's free GPU: as
+  // fragmented (FGD's measure), or as none of its concern (fgd_balanced's: the GPU is not
+  // wasted, it is only not that class's; counting it drives the other pods onto the scarce
+  // models the restricted pods need).
+  enum class ForeignModels { fragmented, ignored };
+  double fragmentation(const Node& node, ForeignModels foreign) const;
+  // What fgd_balanced charges a pod that could run on other models for taking GPUs of a model
+  // the target workload's restricted pods need: its milli-GPU times model_reserved_.
+  double reservation_cost(const Node& node, const Request& request) const;
+  void measure_model_reservations(const std::vector<Request>& requests);
+  std::uint64_t existing_models() const { return (std::uint64_t{1} << models_.size()) - 1; }
   struct Score {
     double primary = 0;    // higher is better
     double secondary = 0;  // breaks ties in primary (fgd_packed and fgd_balanced only)
@@ -188,6 +203,9 @@ class Cluster {
   std::vector<int> mig_profile_milli_;  // as the first node with the profile cuts it
   std::vector<TaskClass> classes_;
   double cpu_per_gpu_milli_ = 0;  // the target workload's GPU pods: CPU they ask per milli-GPU
+  // By model: the share of its GPUs that the target workload's pods restricted to it would
+  // need (their share of the GPU asked over the model's share of the GPUs), at most 1.
+  std::vector<double> model_reserved_;
   // Fragmentation by node state, filled by const methods, which the extender calls from
   // several threads at once. A cache: a copied or moved cluster starts with an empty one.
   struct FragmentationMemo {

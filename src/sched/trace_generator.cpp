@@ -146,7 +146,10 @@ std::vector<PodSpec> generate_trace(const std::vector<PodSpec>& source,
     if (shape.gpu_spec >= 0) {
       pod.models.clear();
       if (!restricted(random)) continue;
-      const std::map<std::string, int> weights = models_for(pod, nodes);
+      std::map<std::string, int> weights = models_for(pod, nodes);
+      if (shape.model_choice == TraceShape::ModelChoice::uniform) {
+        for (auto& [model, weight] : weights) weight = 1;
+      }
       int sum = 0;
       for (const auto& [model, gpus] : weights) sum += gpus;
       if (sum == 0) continue;  // fits no node; it stays pending whatever it asks

@@ -17,8 +17,11 @@ struct TraceShape {
   double sharing = -1;
   double multi_gpu = -1;
   // Share of GPU pods restricted to one GPU model, chosen among the models whose nodes could
-  // hold the pod, weighed by their GPUs. Negative: as in the source.
+  // hold the pod: weighed by their GPUs, or each alike (a rare model then meets as many
+  // restricted pods as a common one). Negative: as in the source.
   double gpu_spec = -1;
+  enum class ModelChoice { by_gpus, uniform };
+  ModelChoice model_choice = ModelChoice::by_gpus;
   double gpu_pod_cpu = 1;  // factor on each GPU pod's CPU (within the largest node that fits)
   double cpu_only = 1;     // factor on the number of CPU-only pods
 };
