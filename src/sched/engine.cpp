@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <tuple>
@@ -319,36 +320,103 @@ Placement Cluster::place_on(int node, const Request& request, Policy policy,
   return placement;
 }
 
+void Cluster::move_room(Node& node, const Request& request, const Placement& placement, int sign) {
+  node.cpu_left += sign * request.cpu_milli;
+  node.memory_left += sign * request.memory_mib;
+  for (int k = 0; k < placement.gpu_count; ++k) {
+    std::int16_t& left = node.gpu_left[placement.gpu_index[k]];
+    left = static_cast<std::int16_t>(left + sign * request.gpu_milli);
+    TESSERA_DCHECK(left >= 0 && left <= kMilli);  // taken where it fit, given back what it took
+  }
+  take_mig(node, request, sign);
+  node.running_by_kind[request.kind] -= sign;
+  ++node.version;
+}
+
 void Cluster::allocate(const Request& request, const Placement& placement) {
   Node& node = nodes_[placement.node];
-  node.cpu_left -= request.cpu_milli;
-  node.memory_left -= request.memory_mib;
-  for (int k = 0; k < placement.gpu_count; ++k) {
-    node.gpu_left[placement.gpu_index[k]] =
-        static_cast<std::int16_t>(node.gpu_left[placement.gpu_index[k]] - request.gpu_milli);
-    TESSERA_DCHECK(node.gpu_left[placement.gpu_index[k]] >= 0);  // placed where it fits
-  }
-  take_mig(node, request, -1);
-  ++node.running_by_kind[request.kind];
-  ++node.version;
+  move_room(node, request, placement, -1);
   gpu_milli_allocated_ += std::int64_t{request.gpus} * request.gpu_milli;
   gpu_milli_allocated_ += mig_milli_asked(node, request);
 }
 
 void Cluster::release(const Request& request, const Placement& placement) {
   Node& node = nodes_[placement.node];
-  node.cpu_left += request.cpu_milli;
-  node.memory_left += request.memory_mib;
-  for (int k = 0; k < placement.gpu_count; ++k) {
-    node.gpu_left[placement.gpu_index[k]] =
-        static_cast<std::int16_t>(node.gpu_left[placement.gpu_index[k]] + request.gpu_milli);
-    TESSERA_DCHECK(node.gpu_left[placement.gpu_index[k]] <= kMilli);  // released what it took
-  }
-  take_mig(node, request, 1);
-  --node.running_by_kind[request.kind];
-  ++node.version;
+  move_room(node, request, placement, 1);
   gpu_milli_allocated_ -= std::int64_t{request.gpus} * request.gpu_milli;
   gpu_milli_allocated_ -= mig_milli_asked(node, request);
+}
+
+// Kubernetes' own way, on the engine's model: take every lower-priority occupant out; if the
+// request fits then, give them back one at a time, highest priority first, keeping each that
+// leaves the request still fitting. What is not given back is needed. A one-GPU request is
+// tried against each GPU in turn (the occupants of other GPUs given back first, so the
+// victims gather on that one), and the GPU with the fewest victims, then the lowest
+// priorities, wins.
+std::optional<std::vector<std::size_t>> Cluster::preemption_victims(
+    int node, const Request& request, std::int32_t priority,
+    const std::vector<Occupant>& occupants) const {
+  const Node& now = nodes_[node];
+  if (fits(now, request)) return std::vector<std::size_t>{};
+  std::vector<std::size_t> lower;
+  Node emptied = now;
+  for (std::size_t i = 0; i < occupants.size(); ++i) {
+    if (occupants[i].placement.node != node || occupants[i].priority >= priority) continue;
+    lower.push_back(i);
+    move_room(emptied, occupants[i].request, occupants[i].placement, 1);
+  }
+  if (!fits(emptied, request)) return std::nullopt;
+
+  auto on_gpu = [&](std::size_t i, int gpu) {
+    const Placement& placement = occupants[i].placement;
+    return std::find(placement.gpu_index, placement.gpu_index + placement.gpu_count, gpu) !=
+           placement.gpu_index + placement.gpu_count;
+  };
+  // A one-GPU request against each GPU it could use once emptied; any other against the node.
+  std::vector<int> targets;
+  if (request.gpus == 1) {
+    for (int i = 0; i < now.gpus; ++i) {
+      if (emptied.takes(i, request.gpu_milli)) targets.push_back(i);
+    }
+  } else {
+    targets.push_back(-1);
+  }
+  std::optional<std::vector<std::size_t>> best;
+  auto worse_than_best = [&](const std::vector<std::size_t>& victims) {
+    if (!best) return false;
+    if (victims.size() != best->size()) return victims.size() > best->size();
+    auto highest = [&](const std::vector<std::size_t>& chosen) {
+      std::int32_t most = std::numeric_limits<std::int32_t>::min();
+      for (std::size_t i : chosen) most = std::max(most, occupants[i].priority);
+      return most;
+    };
+    return highest(victims) >= highest(*best);
+  };
+  for (const int target : targets) {
+    std::vector<std::size_t> order = lower;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      if (occupants[a].priority != occupants[b].priority)
+        return occupants[a].priority > occupants[b].priority;
+      if (target >= 0 && on_gpu(a, target) != on_gpu(b, target)) return !on_gpu(a, target);
+      return occupants[a].request.gpus * occupants[a].request.gpu_milli <
+             occupants[b].request.gpus * occupants[b].request.gpu_milli;
+    });
+    auto still_fits = [&](const Node& state) {
+      return fits(state, request) && (target < 0 || state.takes(target, request.gpu_milli));
+    };
+    Node state = emptied;
+    std::vector<std::size_t> victims;
+    for (std::size_t i : order) {
+      move_room(state, occupants[i].request, occupants[i].placement, -1);
+      if (!still_fits(state)) {
+        move_room(state, occupants[i].request, occupants[i].placement, 1);
+        victims.push_back(i);
+      }
+    }
+    if (!worse_than_best(victims)) best = std::move(victims);
+  }
+  if (best) std::sort(best->begin(), best->end());
+  return best;
 }
 
 }  // namespace tessera::sched

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -100,6 +101,14 @@ struct Placement {
   int gpu_index[kMostGpusPerNode] = {};
 };
 
+// A pod running on a node, as preemption weighs it: what it holds and its priority
+// (Kubernetes' spec.priority: higher wins).
+struct Occupant {
+  Request request;
+  Placement placement;
+  std::int32_t priority = 0;
+};
+
 // The target workload FGD measures fragmentation against: task classes by popularity.
 struct TaskClass {
   Request request;
@@ -129,6 +138,15 @@ class Cluster {
   Placement place_on(int node, const Request& request, Policy policy, std::mt19937_64& random);
   void allocate(const Request& request, const Placement& placement);
   void release(const Request& request, const Placement& placement);
+  // Preemption on one node: the fewest of `occupants` (those placed on `node`) of priority
+  // below `priority` whose removal lets `request` fit there, preferring the lowest priorities.
+  // Indices into `occupants`; empty if
+  // the request fits as it is; nullopt if removing every such occupant would not make it fit.
+  // A one-GPU request frees one GPU: the one that needs the fewest victims.
+  // Each victim is needed: given the rest back, the request would no longer fit.
+  std::optional<std::vector<std::size_t>> preemption_victims(
+      int node, const Request& request, std::int32_t priority,
+      const std::vector<Occupant>& occupants) const;
 
   // FGD's target workload: the task classes of `pods` (CPU-only ones included) covering
   // `coverage` of them by count, weighted by popularity.
@@ -183,6 +201,8 @@ class Cluster {
   static std::int64_t mig_milli_asked(const Node& node, const Request& request);
   // The MIG devices the request asks for, taken from (sign -1) or given back to (1) the node.
   static void take_mig(Node& node, const Request& request, int sign);
+  // The node's side of allocate (sign -1) and release (1).
+  static void move_room(Node& node, const Request& request, const Placement& placement, int sign);
   void choose_gpus(const Node& node, const Request& request, int shared_gpu,
                    Placement& placement) const;
 

@@ -392,6 +392,77 @@ TEST(Engine, MixedPlacementKeepsItsBooksAndChoosesAsAFreshLookWould) {
   }
 }
 
+// Occupants of node 0 of a one-node cluster, each allocated there as given.
+struct Occupied {
+  Cluster cluster;
+  std::vector<Occupant> occupants;
+  void add(const PodSpec& spec, std::int32_t priority, std::vector<int> gpus) {
+    Occupant occupant{cluster.request_for(spec), {}, priority};
+    occupant.placement.node = 0;
+    for (int gpu : gpus) occupant.placement.gpu_index[occupant.placement.gpu_count++] = gpu;
+    cluster.allocate(occupant.request, occupant.placement);
+    occupants.push_back(occupant);
+  }
+  std::optional<std::vector<std::size_t>> victims(const PodSpec& spec, std::int32_t priority) {
+    return cluster.preemption_victims(0, cluster.request_for(spec), priority, occupants);
+  }
+};
+
+TEST(Engine, PreemptionFreesOneGpuWithTheFewestVictims) {
+  // GPU 0 runs A (500 milli, priority 1); GPU 1 runs B and C (300 each, priority 0). Nothing
+  // fits 800 milli. By priority alone, as kube-scheduler's node-level view picks, B and C go
+  // first, and a 500 is still in the way on each GPU; freeing GPU 0 takes one victim.
+  Occupied node{Cluster({{"n", 64000, 262144, 2, "T4"}}), {}};
+  node.add(pod(4000, 1, 500), 1, {0});
+  node.add(pod(4000, 1, 300), 0, {1});
+  node.add(pod(4000, 1, 300), 0, {1});
+  EXPECT_EQ(node.victims(pod(4000, 1, 800), 10), std::vector<std::size_t>{0});
+  // A whole GPU, the same.
+  EXPECT_EQ(node.victims(pod(4000, 1, 1000), 10), std::vector<std::size_t>{0});
+  // 600 milli fits beside one 300 on GPU 1: one victim of priority 0 beats one of priority 1.
+  const auto beside = node.victims(pod(4000, 1, 600), 10);
+  ASSERT_TRUE(beside.has_value());
+  ASSERT_EQ(beside->size(), 1u);
+  EXPECT_EQ(node.occupants[beside->front()].priority, 0);
+  // Two whole GPUs: everything goes.
+  EXPECT_EQ(node.victims(pod(4000, 2, 1000), 10), (std::vector<std::size_t>{0, 1, 2}));
+  // Room as it is: nobody.
+  EXPECT_EQ(node.victims(pod(4000, 1, 200), 10), std::vector<std::size_t>{});
+}
+
+TEST(Engine, PreemptionNeverTakesPodsOfEqualOrHigherPriority) {
+  Occupied node{Cluster({{"n", 64000, 262144, 2, "T4"}}), {}};
+  node.add(pod(4000, 1, 500), 5, {0});
+  node.add(pod(4000, 1, 300), 0, {1});
+  node.add(pod(4000, 1, 300), 0, {1});
+  // A at 5 is not below 5: GPU 1's two go.
+  EXPECT_EQ(node.victims(pod(4000, 1, 800), 5), (std::vector<std::size_t>{1, 2}));
+  // Below both: nothing can make room.
+  EXPECT_EQ(node.victims(pod(4000, 1, 800), 0), std::nullopt);
+  // C made high: GPU 1 cannot be freed, and A is not below 5.
+  node.occupants[2].priority = 7;
+  EXPECT_EQ(node.victims(pod(4000, 1, 800), 5), std::nullopt);
+}
+
+TEST(Engine, PreemptionFreesCpuAndMigDevicesToo) {
+  NodeSpec spec{"n", 16000, 262144, 1, "A100"};
+  spec.mig = {{"1g.10gb", 2, 142}};
+  Occupied node{Cluster({spec}), {}};
+  node.add(pod(12000, 0, 0), 0, {});  // a CPU-only pod holding most of the CPU
+  PodSpec mig_pod = pod(1000, 0, 0);
+  mig_pod.mig = {{"1g.10gb", 1}};
+  node.add(mig_pod, 0, {});
+  node.add(mig_pod, 3, {});
+  node.add(pod(1000, 1, 1000), 0, {0});
+  // 8 cores and a whole GPU: the CPU-only pod and the GPU's pod.
+  EXPECT_EQ(node.victims(pod(8000, 1, 1000), 10), (std::vector<std::size_t>{0, 3}));
+  // A MIG device: the lower of its two holders.
+  EXPECT_EQ(node.victims(mig_pod, 10), std::vector<std::size_t>{1});
+  // Occupants of other nodes are never victims here.
+  node.occupants[3].placement.node = 1;
+  EXPECT_EQ(node.victims(pod(1000, 1, 1000), 10), std::nullopt);
+}
+
 TEST(Engine, UnknownPoliciesAreNamed) {
   try {
     parse_policy("tetris");
