@@ -1,5 +1,6 @@
-// kube-scheduler's ExtenderArgs as the extender receives them on /filter and /prioritize:
-// any body is answered 200 or refused with 400 and a reason; none crashes or hangs it.
+// kube-scheduler's ExtenderArgs as the extender receives them on /filter and /prioritize, and
+// ExtenderPreemptionArgs on /preempt (the first byte chooses): any body is answered 200 or
+// refused with 400 and a reason; none crashes or hangs it.
 // (Bind bodies go to the API server once read; the extender tests cover them.)
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +31,9 @@ Extender& extender() {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
-  const HttpReply reply = (data[0] & 1) ? extender().prioritize(body) : extender().filter(body);
+  const HttpReply reply = data[0] % 3 == 0   ? extender().filter(body)
+                          : data[0] % 3 == 1 ? extender().prioritize(body)
+                                             : extender().preempt(body);
   if (reply.status != 200 && reply.status != 400) broken("a body got neither 200 nor 400");
   if (reply.status == 400 && reply.body.empty()) broken("a refusal without a reason");
   return 0;

@@ -185,6 +185,7 @@ int scheduler_command(const SchedulerOptions& options) {
   server.Post(options.url_prefix + "/filter", handle(&extender::Extender::filter));
   server.Post(options.url_prefix + "/prioritize", handle(&extender::Extender::prioritize));
   server.Post(options.url_prefix + "/bind", handle(&extender::Extender::bind));
+  server.Post(options.url_prefix + "/preempt", handle(&extender::Extender::preempt));
   server.Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
     response.set_content("ok", "text/plain");
   });

@@ -286,6 +286,43 @@ std::string ClusterState::refusal(const PodRequest& pod, const std::string& node
   return {};
 }
 
+std::optional<std::vector<std::string>> ClusterState::preemption_victims(const PodRequest& pod,
+                                                                         const std::string& node,
+                                                                         std::string& why) const {
+  Request request;
+  int index = -1;
+  why = refusal(pod, node, request, index);
+  if (why.empty()) return std::vector<std::string>{};
+  if (index < 0) return std::nullopt;
+  const NodeInfo& info = nodes_.at(node);
+  // What no victim changes: the node's GPUs, model and memory, the profiles asked for.
+  if (!kubelet_counts(info, pod)) {
+    if (pod.gpus > 0 &&
+        (cluster_->nodes()[index].gpus == 0 || !model_refusal(pod, info.spec.model).empty())) {
+      return std::nullopt;
+    }
+    if (pod.mig.size() > static_cast<std::size_t>(sched::kMostMigAsks)) return std::nullopt;
+    request = request_on(*cluster_, pod, info.gpu_memory_mib);
+    if (request.gpu_milli > kMilli) return std::nullopt;
+  }
+  std::vector<sched::Occupant> occupants;
+  std::vector<const std::string*> uids;
+  for (const auto& [uid, hold] : holds_) {
+    if (!hold.applied || hold.node != node) continue;
+    occupants.push_back({hold.request, hold.placement, hold.pod.priority});
+    uids.push_back(&uid);
+  }
+  const auto chosen = cluster_->preemption_victims(index, request, pod.priority, occupants);
+  if (!chosen) {
+    why = fmt::format("{}, and the pods of priority below {} here would not make room", why,
+                      pod.priority);
+    return std::nullopt;
+  }
+  std::vector<std::string> victims;
+  for (std::size_t i : *chosen) victims.push_back(*uids[i]);
+  return victims;
+}
+
 std::optional<double> ClusterState::score(const PodRequest& pod, const std::string& node,
                                           Policy policy) const {
   Request request;

@@ -92,6 +92,9 @@ HttpReply Extender::prioritize(const std::string& body) {
 HttpReply Extender::bind(const std::string& body) {
   return measured(Verb::bind, body, &Extender::answer_bind);
 }
+HttpReply Extender::preempt(const std::string& body) {
+  return measured(Verb::preempt, body, &Extender::answer_preempt);
+}
 
 void Extender::bind_only_while(std::function<bool()> leading) {
   leading_ = std::move(leading);
@@ -135,6 +138,21 @@ HttpReply Extender::answer_prioritize(const std::string& body) {
       scores.emplace_back(name, state_.score(candidates.pod, name, policy));
   }
   return prioritize_result(scores);
+}
+
+HttpReply Extender::answer_preempt(const std::string& body) {
+  PreemptionArgs args;
+  HttpReply reply;
+  if (!parse_preemption_args(body, args, reply)) return reply;
+  std::vector<std::pair<std::string, PreemptionVictims>> victims;
+  base::ReaderLock reading(mutex_);
+  for (const auto& [node, pdb_violations] : args.nodes) {
+    std::string why;
+    auto chosen = state_.preemption_victims(args.pod, node, why);
+    // Tessera does not read PodDisruptionBudgets: kube-scheduler's count for the node stands.
+    if (chosen) victims.emplace_back(node, PreemptionVictims{std::move(*chosen), pdb_violations});
+  }
+  return preemption_result(victims);
 }
 
 HttpReply Extender::answer_bind(const std::string& body) {

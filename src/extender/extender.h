@@ -50,6 +50,9 @@ class Extender {
   HttpReply filter(const std::string& body);
   HttpReply prioritize(const std::string& body);
   HttpReply bind(const std::string& body);
+  // kube-scheduler's preempt verb: for each node it offers, the pods Tessera would evict there
+  // (ClusterState::preemption_victims); nodes where no eviction makes room are left out.
+  HttpReply preempt(const std::string& body);
   // Prometheus text: the verbs' counts and latencies, bind failures, the state's size.
   std::string metrics();
 
@@ -84,6 +87,7 @@ class Extender {
   HttpReply answer_filter(const std::string& body) EXCLUDES(mutex_);
   HttpReply answer_prioritize(const std::string& body) EXCLUDES(mutex_);
   HttpReply answer_bind(const std::string& body) EXCLUDES(mutex_);
+  HttpReply answer_preempt(const std::string& body) EXCLUDES(mutex_);
   // Parses ExtenderArgs, taking in the nodes kube-scheduler sent where they are newer than the
   // state's; on failure fills reply with 400 and the reason.
   bool parse_args(const std::string& body, Candidates& candidates, HttpReply& reply)

@@ -11,7 +11,8 @@
 namespace tessera::extender {
 namespace {
 
-constexpr std::array<const char*, 3> kVerbNames = {"filter", "prioritize", "bind"};
+constexpr std::array<const char*, kVerbCount> kVerbNames = {"filter", "prioritize", "bind",
+                                                            "preempt"};
 
 }  // namespace
 

@@ -12,7 +12,8 @@
 
 namespace tessera::extender {
 
-enum class Verb { filter, prioritize, bind };
+enum class Verb { filter, prioritize, bind, preempt };
+inline constexpr std::size_t kVerbCount = 4;
 
 struct StateSize {
   std::size_t nodes = 0;      // nodes known, with their GPUs
@@ -37,7 +38,7 @@ class ExtenderMetrics {
     std::atomic<std::uint64_t> requests{0}, refused{0}, took_ns{0};
     std::array<std::atomic<std::uint64_t>, kBuckets.size()> within{};  // cumulative: le
   };
-  std::array<PerVerb, 3> verbs_;
+  std::array<PerVerb, kVerbCount> verbs_;
   std::atomic<std::uint64_t> bind_failures_{0};
 };
 

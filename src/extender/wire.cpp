@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 
 #include "kube/json_input.h"
 
@@ -174,6 +175,70 @@ bool parse_bind_args(const std::string& body, BindArgs& parsed, HttpReply& reply
   return true;
 }
 
+bool parse_preemption_args(const std::string& body, PreemptionArgs& parsed, HttpReply& reply) {
+  nlohmann::json args;
+  if (!parse_body(body, args, reply)) return false;
+  const nlohmann::json* pod = field(args, "Pod");
+  if (pod == nullptr || !pod->is_object()) {
+    reply = bad_request("ExtenderPreemptionArgs has no Pod object");
+    return false;
+  }
+  try {
+    parsed.pod = pod_from_json(*pod);
+  } catch (const std::exception& error) {
+    reply = bad_request(error.what());
+    return false;
+  }
+  // Whole pods without nodeCacheCapable, UIDs with it: either way Tessera needs only the nodes
+  // and their PodDisruptionBudget counts, and chooses the victims itself.
+  const nlohmann::json* meta = field(args, "NodeNameToMetaVictims");
+  const nlohmann::json* whole = field(args, "NodeNameToVictims");
+  const nlohmann::json* victims = meta != nullptr && !meta->is_null() ? meta : whole;
+  const char* which = victims == meta ? "NodeNameToMetaVictims" : "NodeNameToVictims";
+  if (victims == nullptr || victims->is_null()) {
+    reply = bad_request(
+        "ExtenderPreemptionArgs has neither NodeNameToVictims nor NodeNameToMetaVictims");
+    return false;
+  }
+  if (!victims->is_object()) {
+    reply = bad_request(fmt::format("ExtenderPreemptionArgs.{} is not an object", which));
+    return false;
+  }
+  parsed.nodes.clear();
+  for (auto it = victims->begin(); it != victims->end(); ++it) {
+    if (!dns_name(it.key(), kMostNameLength, true)) {
+      reply = bad_request(fmt::format("ExtenderPreemptionArgs.{}: '{}' is not a node name", which,
+                                      it.key().substr(0, 64)));
+      return false;
+    }
+    std::int64_t violations = 0;
+    if (!it.value().is_null()) {
+      const nlohmann::json* count = field(it.value(), "NumPDBViolations");
+      if (!it.value().is_object() ||
+          (count != nullptr && !count->is_null() && !count->is_number_integer())) {
+        reply = bad_request(fmt::format(
+            "ExtenderPreemptionArgs.{}[{}] is not Victims with a whole NumPDBViolations", which,
+            it.key()));
+        return false;
+      }
+      if (count != nullptr && count->is_number_integer())
+        violations = std::clamp<std::int64_t>(count->get<std::int64_t>(), 0, 1 << 30);
+    }
+    parsed.nodes.emplace_back(it.key(), violations);
+  }
+  return true;
+}
+
+HttpReply preemption_result(const std::vector<std::pair<std::string, PreemptionVictims>>& victims) {
+  nlohmann::json nodes = nlohmann::json::object();
+  for (const auto& [node, chosen] : victims) {
+    nlohmann::json pods = nlohmann::json::array();
+    for (const std::string& uid : chosen.uids) pods.push_back({{"UID", uid}});
+    nodes[node] = {{"Pods", pods}, {"NumPDBViolations", chosen.pdb_violations}};
+  }
+  return json_reply(200, nlohmann::json{{"NodeNameToMetaVictims", nodes}});
+}
+
 HttpReply bind_result(const std::string& error) {
   return json_reply(200, nlohmann::json{{"Error", error}});
 }
@@ -227,6 +292,7 @@ std::optional<Hold> hold_of(const nlohmann::json& pod, const std::string& uid,
     if (!record) return std::nullopt;  // nothing known of what it holds
     hold.pod = {};                     // its recorded GPUs, whole
     hold.pod.uid = uid;
+    hold.pod.priority = std::numeric_limits<std::int32_t>::max();  // unknown: never preempted
     hold.pod.gpus = static_cast<int>(record->gpus.size());
   }
   if (record) {

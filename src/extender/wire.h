@@ -5,6 +5,7 @@
 // reason (HTTP 400).
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -51,6 +52,22 @@ struct BindArgs {
 bool parse_bind_args(const std::string& body, BindArgs& args, HttpReply& reply);
 // ExtenderBindingResult: `error` empty for a bind that succeeded.
 HttpReply bind_result(const std::string& error);
+
+// ExtenderPreemptionArgs: the pod that would preempt, and the nodes kube-scheduler found
+// victims on (NodeNameToVictims or NodeNameToMetaVictims; its victims themselves are not
+// needed), each with its count of PodDisruptionBudget violations.
+struct PreemptionArgs {
+  PodRequest pod;
+  std::vector<std::pair<std::string, std::int64_t>> nodes;
+};
+// False with `reply` (400 and the reason) when the body is not ExtenderPreemptionArgs.
+bool parse_preemption_args(const std::string& body, PreemptionArgs& args, HttpReply& reply);
+struct PreemptionVictims {
+  std::vector<std::string> uids;
+  std::int64_t pdb_violations = 0;
+};
+// ExtenderPreemptionResult: NodeNameToMetaVictims, the nodes where preemption makes room.
+HttpReply preemption_result(const std::vector<std::pair<std::string, PreemptionVictims>>& victims);
 
 // What a listed or watched pod holds, if anything; problems go to `report`.
 std::optional<Hold> hold_of(const nlohmann::json& pod, const std::string& uid,

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include "base/strings.h"
@@ -146,6 +147,21 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
                                         "pod " + request.name, "metadata.namespace");
   request.uid = string_field(pod, {"metadata", "uid"}, "", "pod " + request.name, "metadata.uid");
   const std::string label = request.namespace_name + "/" + request.name;
+  if (const nlohmann::json* spec = pod.is_object() && pod.contains("spec") ? &pod["spec"] : nullptr;
+      spec != nullptr && spec->is_object() && spec->contains("priority") &&
+      !(*spec)["priority"].is_null()) {
+    const nlohmann::json& priority = (*spec)["priority"];
+    // Kubernetes' int32, set from the pod's PriorityClass at admission.
+    if (!priority.is_number_integer() ||
+        priority.get<std::int64_t>() < std::numeric_limits<std::int32_t>::min() ||
+        priority.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max() ||
+        (priority.is_number_unsigned() &&
+         priority.get<std::uint64_t>() > std::numeric_limits<std::int32_t>::max())) {
+      throw std::runtime_error(fmt::format("pod {}: spec.priority={} is not a 32-bit integer",
+                                           label, priority.dump().substr(0, 40)));
+    }
+    request.priority = static_cast<std::int32_t>(priority.get<std::int64_t>());
+  }
   request.cpu_milli = sum_resource(pod, label, "requests", "cpu", parse_cpu_milli, kMostCpuMilli);
   request.memory_mib =
       sum_resource(pod, label, "requests", "memory", parse_memory_mib, kMostMemoryMib);

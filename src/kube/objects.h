@@ -32,6 +32,7 @@ struct PodRequest {
   std::string policy;  // tessera.io/policy or HAMi's gpu-scheduler-policy
   Priority priority_annotation = Priority::none;  // tessera.io/priority
   bool burst = false;                             // tessera.io/burst
+  std::int32_t priority = 0;  // spec.priority (from its PriorityClass): who preempts whom
   struct Container {
     std::string name;
     // Its own limits (the pod's above are sums over its containers).

@@ -573,6 +573,7 @@ TEST(Manifests, TheSchedulerDeploymentRunsKubeSchedulerBesideTheExtenderAndTheyA
   EXPECT_EQ(!flag(extender["command"], "--tls-cert-file").empty(), https);
   EXPECT_EQ(consulted["filterVerb"].as<std::string>(), "filter");
   EXPECT_EQ(consulted["bindVerb"].as<std::string>(), "bind");
+  EXPECT_EQ(consulted["preemptVerb"].as<std::string>(), "preempt");
 
   // The extender binds only while its kube-scheduler leads: it follows that Lease.
   EXPECT_TRUE(config["leaderElection"]["leaderElect"].as<bool>(false));

@@ -128,6 +128,40 @@ TEST(ExtenderState, WatchEventsMoveHoldsAndAStatusUpdateChangesNothing) {
   EXPECT_EQ(state.size().pods_waiting, 1u);
 }
 
+TEST(ExtenderState, PreemptionChoosesAmongTheNodesHoldsByPriority) {
+  ClusterState state;
+  state.replace_nodes({{"a", gpu_node("a", 2)}, {"b", gpu_node("b", 1)}});
+  const auto hold_on = [&](const std::string& uid, const std::string& node, int gpu,
+                           std::int32_t priority) {
+    Hold hold;
+    hold.node = node;
+    hold.pod = gpu_pod(uid, 1);
+    hold.pod.priority = priority;
+    hold.gpus = {gpu};
+    state.pod_event(uid, false, hold, std::nullopt);
+  };
+  hold_on("low", "a", 0, 0);
+  hold_on("mid", "a", 1, 50);
+  hold_on("elsewhere", "b", 0, 0);
+  PodRequest urgent = gpu_pod("urgent", 1);
+  urgent.priority = 100;
+  std::string why;
+  EXPECT_EQ(state.preemption_victims(urgent, "a", why), std::vector<std::string>{"low"});
+  urgent.gpus = 2;  // both of a's GPUs
+  EXPECT_EQ(state.preemption_victims(urgent, "a", why), (std::vector<std::string>{"low", "mid"}));
+  urgent.priority = 50;  // mid is an equal
+  EXPECT_EQ(state.preemption_victims(urgent, "a", why), std::nullopt);
+  EXPECT_NE(why.find("pods of priority below 50 here would not make room"), std::string::npos)
+      << why;
+  // What no eviction changes: too much GPU memory, an unknown node.
+  EXPECT_EQ(state.preemption_victims(gpu_pod("huge", 1, 90000), "a", why), std::nullopt);
+  EXPECT_EQ(state.preemption_victims(urgent, "nowhere", why), std::nullopt);
+  // A pod whose holds are gone fits as it is: no victims.
+  state.pod_event("low", true, std::nullopt, std::nullopt);
+  urgent.gpus = 1;
+  EXPECT_EQ(state.preemption_victims(urgent, "a", why), std::vector<std::string>{});
+}
+
 TEST(ExtenderState, ANodeDeletedOrChangedIsOfferedAsItIsNow) {
   ClusterState state;
   state.replace_nodes({{"a", gpu_node("a", 1)}});

@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -729,6 +730,139 @@ TEST_F(Extender, PodsWithoutGpusTakeTheirCpuFromWhatGpuPodsFind) {
   batch["status"]["phase"] = "Succeeded";
   api_.push("pods", {{"type", "MODIFIED"}, {"object", batch}});
   EXPECT_TRUE(eventually([&] { return fits("g2", "8"); }));
+}
+
+// A node of `gpus` A100-80GB cut into slices (fractional pods welcome), 64 cores.
+nlohmann::json sliced_node(const std::string& name, int gpus) {
+  nlohmann::json node = gpu_node(name, "64", gpus);
+  nlohmann::json annotation = nlohmann::json::parse(
+      node["metadata"]["annotations"][contract::kGpusAnnotation].get<std::string>());
+  for (auto& gpu : annotation["gpus"]) {
+    gpu["sharing"] = "slices";
+    gpu["slices"] = 10;
+  }
+  node["metadata"]["annotations"][contract::kGpusAnnotation] = annotation.dump();
+  return node;
+}
+
+class Preemption : public Extender {
+ protected:
+  // A pod running on `node`, holding `gpumem_mib` of GPU `gpu` (80 GB: 8192 MiB is 100
+  // milli-GPU), of `priority`.
+  nlohmann::json running(const std::string& name, const std::string& node, int gpu, int gpumem_mib,
+                         int priority) {
+    nlohmann::json object =
+        pod(name, {{"nvidia.com/gpu", "1"}, {"nvidia.com/gpumem", std::to_string(gpumem_mib)}});
+    object["spec"]["nodeName"] = node;
+    object["spec"]["priority"] = priority;
+    object["status"]["phase"] = "Running";
+    const nlohmann::json record{
+        {"node", node}, {"gpus", {gpu}}, {"milli", gpumem_mib * 1000 / 81920}};
+    object["metadata"]["annotations"] = {{contract::kAssignmentAnnotation, record.dump()}};
+    api_.push("pods", {{"type", "ADDED"}, {"object", object}});
+    return object;
+  }
+  nlohmann::json asking(const std::string& name, int gpumem_mib, int priority) {
+    nlohmann::json object =
+        pod(name, {{"nvidia.com/gpu", "1"}, {"nvidia.com/gpumem", std::to_string(gpumem_mib)}});
+    object["spec"]["priority"] = priority;
+    return object;
+  }
+  bool fits(const nlohmann::json& object, const std::string& node) {
+    return post("filter", {{"Pod", object}, {"NodeNames", {node}}})["NodeNames"] ==
+           nlohmann::json::array({node});
+  }
+  // The victims' UIDs per node in a preempt answer.
+  static std::map<std::string, std::set<std::string>> victims(const nlohmann::json& answer) {
+    std::map<std::string, std::set<std::string>> by_node;
+    for (const auto& [node, chosen] : answer["NodeNameToMetaVictims"].items()) {
+      auto& uids = by_node[node];
+      for (const auto& victim : chosen["Pods"]) uids.insert(victim["UID"].get<std::string>());
+    }
+    return by_node;
+  }
+};
+
+TEST_F(Preemption, VictimsFreeOneGpuWhereTheNodeLevelViewPicksWrong) {
+  api_.push("nodes", {{"type", "ADDED"}, {"object", sliced_node("shared", 2)}});
+  api_.push("nodes", {{"type", "ADDED"}, {"object", sliced_node("other", 1)}});
+  // shared: GPU 0 runs a (40 GiB, priority 100), GPU 1 runs b and c (24 GiB each, priority 0).
+  const nlohmann::json a = running("a", "shared", 0, 40960, 100);
+  const nlohmann::json b = running("b", "shared", 1, 24576, 0);
+  running("c", "shared", 1, 24576, 0);
+  // other: its one GPU runs d, of priority 5000.
+  running("d", "other", 0, 40960, 5000);
+  const nlohmann::json big = asking("big", 65536, 1000);  // 64 GiB: 800 milli-GPU
+  ASSERT_TRUE(eventually([&] {
+    return !fits(big, "shared") && !fits(big, "other") && fits(asking("small", 8192, 0), "other");
+  }));
+  // kube-scheduler's node-level view (a GPU count) offers b alone, the lowest priority: with b
+  // gone, c still leaves no GPU 64 GiB. Tessera answers with a, which frees GPU 0 alone.
+  const nlohmann::json answer = post(
+      "preempt", {{"Pod", big},
+                  {"NodeNameToVictims",
+                   {{"shared", {{"Pods", {b}}, {"NumPDBViolations", 1}}},
+                    {"other", {{"Pods", nlohmann::json::array()}, {"NumPDBViolations", 0}}}}}});
+  EXPECT_EQ(victims(answer), (std::map<std::string, std::set<std::string>>{{"shared", {"uid-a"}}}))
+      << answer.dump();
+  EXPECT_EQ(answer["NodeNameToMetaVictims"]["shared"]["NumPDBViolations"], 1);  // kept as sent
+  // At priority 100, a is an equal: b and c go, freeing GPU 1. The same by UIDs
+  // (nodeCacheCapable).
+  const nlohmann::json equal = asking("equal", 65536, 100);
+  EXPECT_EQ(
+      victims(post("preempt",
+                   {{"Pod", equal},
+                    {"NodeNameToMetaVictims",
+                     {{"shared", {{"Pods", {{{"UID", "uid-b"}}}}, {"NumPDBViolations", 0}}}}}})),
+      (std::map<std::string, std::set<std::string>>{{"shared", {"uid-b", "uid-c"}}}));
+  // At priority 0 nobody may go: no node is answered.
+  EXPECT_EQ(
+      victims(post("preempt",
+                   {{"Pod", asking("low", 65536, 0)},
+                    {"NodeNameToMetaVictims",
+                     {{"shared", {{"Pods", nlohmann::json::array()}}}, {"other", nullptr}}}})),
+      (std::map<std::string, std::set<std::string>>{}));
+  // A pod that fits already needs no victims; a node Tessera does not know is left out.
+  EXPECT_EQ(victims(post("preempt", {{"Pod", asking("tiny", 8192, 1000)},
+                                     {"NodeNameToMetaVictims",
+                                      {{"other", {{"Pods", nlohmann::json::array()}}},
+                                       {"nowhere", {{"Pods", nlohmann::json::array()}}}}}})),
+            (std::map<std::string, std::set<std::string>>{{"other", {}}}));
+  // The victims gone, the pod fits where Tessera said.
+  api_.push("pods", {{"type", "DELETED"}, {"object", a}});
+  EXPECT_TRUE(eventually([&] { return fits(big, "shared"); }));
+  EXPECT_GE(
+      metric(client_->Get("/metrics")->body, "tessera_extender_requests_total{verb=\"preempt\"}"),
+      4);
+}
+
+TEST_F(Preemption, MalformedPreemptionArgsAreRefusedWithAReason) {
+  const nlohmann::json object = asking("p", 8192, 10);
+  const auto reason = [&](const nlohmann::json& body) {
+    return post("preempt", body, 400)["Error"].get<std::string>();
+  };
+  EXPECT_NE(reason({{"Pod", object}}).find("neither NodeNameToVictims nor NodeNameToMetaVictims"),
+            std::string::npos);
+  EXPECT_NE(reason({{"NodeNameToMetaVictims", nlohmann::json::object()}}).find("no Pod"),
+            std::string::npos);
+  EXPECT_NE(reason({{"Pod", object}, {"NodeNameToVictims", {1, 2}}}).find("not an object"),
+            std::string::npos);
+  EXPECT_NE(reason({{"Pod", object}, {"NodeNameToMetaVictims", {{"Bad_Node!", nullptr}}}})
+                .find("not a node name"),
+            std::string::npos);
+  EXPECT_NE(reason({{"Pod", object},
+                    {"NodeNameToMetaVictims", {{"shared", {{"NumPDBViolations", "1"}}}}}})
+                .find("NumPDBViolations"),
+            std::string::npos);
+  for (const nlohmann::json& priority :
+       {nlohmann::json("high"), nlohmann::json(1.5), nlohmann::json(4294967296LL)}) {
+    nlohmann::json odd = object;
+    odd["spec"]["priority"] = priority;
+    EXPECT_NE(reason({{"Pod", odd}, {"NodeNameToMetaVictims", nlohmann::json::object()}})
+                  .find("spec.priority"),
+              std::string::npos)
+        << priority;
+  }
 }
 
 TEST_F(Extender, ConcurrentBindsNeverOverbookANode) {
