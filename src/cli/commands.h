@@ -62,7 +62,8 @@ struct SimOptions {
   bool replay = false;  // the trace's own creation and deletion times instead of sampling
   std::string workload = "trace-then-sample";  // or "sample"
   std::string output;                          // directory for curve.csv and allocation.svg
-  bool references = true;  // the offline packer and the bound beside the policies
+  bool references = true;   // the offline packer and the bound beside the policies
+  bool preemption = false;  // pods that fit nowhere evict lower priorities (by the trace's qos)
 };
 int sim_command(const SimOptions& options);
 

@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
                       "trace-then-sample (the paper's: the whole trace shuffled, then sampled "
                       "pods) or sample (only sampled pods)");
   sim_app->add_option("--output", sim.output, "Directory for curve.csv and allocation.svg");
+  sim_app->add_flag("--preemption", sim.preemption,
+                    "A pod that fits nowhere evicts pods of lower priority (from the trace's qos: "
+                    "LS and Guaranteed 1000, Burstable 500, BE 0)");
   sim_app->add_flag("!--no-references", sim.references,
                     "Leave out the offline packer and the bound shown beside the policies");
 

@@ -98,6 +98,9 @@ int sim_command(const SimOptions& options) {
   }
   const sched::Workload workload =
       options.workload == "sample" ? sched::Workload::sample : sched::Workload::trace_then_sample;
+  if (options.preemption && options.replay) {
+    throw UsageError("--preemption applies to sampled arrivals, not to --replay");
+  }
   if (!(options.load > 0 && options.load <= 10)) {
     throw UsageError(fmt::format("--load {} must be above 0 and at most 10", options.load));
   }
@@ -112,7 +115,7 @@ int sim_command(const SimOptions& options) {
         }
         return options.replay ? sched::run_replay(nodes, pods, job.policy, job.seed)
                               : sched::run_inflation(nodes, pods, job.policy, job.seed,
-                                                     options.load, workload);
+                                                     options.load, workload, options.preemption);
       },
       [&](const sched::RunResult& result, int done) {
         fmt::print(stderr, "[{}/{}] {} seed {}: {} placed, {} pending, {:.1f} s\n", done,
@@ -144,6 +147,7 @@ int sim_command(const SimOptions& options) {
   // Mean and spread over seeds at 100 % and at the full arrived load.
   struct Summary {
     std::vector<double> at100, at_max;
+    double preemptions = 0, victims = 0, arrivals = 0;  // summed over seeds
   };
   std::map<std::string, Summary> summary;
   std::vector<std::string> order;
@@ -152,6 +156,9 @@ int sim_command(const SimOptions& options) {
     if (!summary.count(name)) order.push_back(name);
     summary[name].at100.push_back(100 * result.allocated_at(1.0));
     summary[name].at_max.push_back(100 * result.allocated_at(options.load));
+    summary[name].preemptions += static_cast<double>(result.preemptions);
+    summary[name].victims += static_cast<double>(result.victims);
+    summary[name].arrivals += static_cast<double>(result.placed + result.pending);
   }
   auto mean = [](const std::vector<double>& v) {
     double s = 0;
@@ -171,6 +178,22 @@ int sim_command(const SimOptions& options) {
     const Summary& s = summary[name];
     fmt::print("{:<16}{:>12.2f} ± {:<4.2f}{:>12.2f} ± {:<4.2f}\n", name, mean(s.at100),
                deviation(s.at100), mean(s.at_max), deviation(s.at_max));
+  }
+  if (options.preemption) {
+    fmt::print("\nPreemption, mean per run and per 1,000 arrived pods\n");
+    fmt::print("{:<16}{:>14}{:>12}{:>16}{:>12}\n", "POLICY", "PREEMPTIONS", "VICTIMS",
+               "PREEMPTIONS/1K", "VICTIMS/1K");
+    for (const std::string& name : order) {
+      const Summary& s = summary[name];
+      if (name == sched::reference_name(sched::Reference::offline_packer) ||
+          name == sched::reference_name(sched::Reference::bound)) {
+        continue;  // the references do not preempt
+      }
+      const double runs = static_cast<double>(s.at100.size());
+      fmt::print("{:<16}{:>14.1f}{:>12.1f}{:>16.2f}{:>12.2f}\n", name, s.preemptions / runs,
+                 s.victims / runs, 1000 * s.preemptions / s.arrivals,
+                 1000 * s.victims / s.arrivals);
+    }
   }
   return 0;
 }

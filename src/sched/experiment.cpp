@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -112,8 +113,60 @@ double RunResult::allocated_at(double load) const {
   return curve.empty() ? 0 : curve.back().allocated;
 }
 
+namespace {
+
+// Preemption in a run: the pods placed, by node, and the eviction that lets a pod in.
+class Evictions {
+ public:
+  explicit Evictions(std::size_t nodes) : on_node_(nodes) {}
+  void placed(const Request& request, const Placement& placement, std::int32_t priority) {
+    on_node_[static_cast<std::size_t>(placement.node)].push_back({request, placement, priority});
+  }
+  // Evicts the fewest pods of lower priority on the node where that takes fewest (then the
+  // lowest priorities, then the first) and places the pod there: the victims, or -1 where no
+  // eviction makes room.
+  long make_room(Cluster& cluster, const Request& request, std::int32_t priority, Policy policy,
+                 std::mt19937_64& random) {
+    int chosen_node = -1;
+    std::vector<std::size_t> chosen;
+    std::int32_t chosen_highest = 0;
+    for (std::size_t node = 0; node < on_node_.size(); ++node) {
+      const auto victims =
+          cluster.preemption_victims(static_cast<int>(node), request, priority, on_node_[node]);
+      if (!victims) continue;
+      std::int32_t highest = std::numeric_limits<std::int32_t>::min();
+      for (std::size_t i : *victims) highest = std::max(highest, on_node_[node][i].priority);
+      if (chosen_node < 0 || victims->size() < chosen.size() ||
+          (victims->size() == chosen.size() && highest < chosen_highest)) {
+        chosen_node = static_cast<int>(node);
+        chosen = *victims;
+        chosen_highest = highest;
+      }
+    }
+    if (chosen_node < 0) return -1;
+    std::vector<Occupant>& here = on_node_[static_cast<std::size_t>(chosen_node)];
+    for (auto victim = chosen.rbegin(); victim != chosen.rend(); ++victim) {  // indices fall
+      cluster.release(here[*victim].request, here[*victim].placement);
+      here.erase(here.begin() + static_cast<std::ptrdiff_t>(*victim));
+    }
+    const Placement placement = cluster.place_on(chosen_node, request, policy, random);
+    if (placement.node != chosen_node) {  // preemption_victims promised room
+      throw std::logic_error("preemption made no room on the node it chose");
+    }
+    cluster.allocate(request, placement);
+    placed(request, placement, priority);
+    return static_cast<long>(chosen.size());
+  }
+
+ private:
+  std::vector<std::vector<Occupant>> on_node_;
+};
+
+}  // namespace
+
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
-                        Policy policy, std::uint64_t seed, double max_load, Workload workload) {
+                        Policy policy, std::uint64_t seed, double max_load, Workload workload,
+                        bool preemption) {
   require(why_not_a_cluster(nodes));
   require(why_not_inflatable(nodes, trace, max_load));
   const auto start = std::chrono::steady_clock::now();
@@ -125,14 +178,24 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
   double arrived = 0;
   int next_percent = 1;
   Arrivals arrivals(trace, workload, random);
+  Evictions evictions(preemption ? cluster.nodes().size() : 0);
   while (arrived < max_load * capacity) {
     const PodSpec& pod = trace[arrivals.next()];
     const Request request = cluster.request_for(pod);
+    const std::int32_t priority = priority_of_qos(pod.qos);
     arrived += static_cast<double>(pod.gpu_milli_total());
     const Placement placement = cluster.place(request, policy, random);
     if (placement.node >= 0) {
       cluster.allocate(request, placement);
+      if (preemption) evictions.placed(request, placement, priority);
       ++result.placed;
+    } else if (const long victims =
+                   preemption ? evictions.make_room(cluster, request, priority, policy, random)
+                              : -1;
+               victims >= 0) {
+      ++result.placed;
+      ++result.preemptions;
+      result.victims += victims;
     } else {
       ++result.pending;
     }

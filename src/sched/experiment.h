@@ -35,6 +35,7 @@ struct RunResult {
   std::uint64_t seed = 0;
   std::vector<CurvePoint> curve;  // at every 1 % of arrived load
   long placed = 0, pending = 0;
+  long preemptions = 0, victims = 0;  // with preemption: pods placed by evicting, pods evicted
   double seconds = 0;
   // Allocation ratio when arrived load first reached `load`.
   double allocated_at(double load) const;
@@ -52,9 +53,13 @@ std::string why_not_replayable(const std::vector<PodSpec>& trace);
 
 // Both run functions throw std::invalid_argument with the reason above for inputs they
 // cannot run.
+// With `preemption`, a pod that fits nowhere evicts pods of lower priority (priority_of_qos):
+// on the node where that takes the fewest (then the lowest priorities; Cluster::
+// preemption_victims), as the extender's preempt verb chooses them. Evicted pods are not
+// placed again.
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
                         Policy policy, std::uint64_t seed, double max_load,
-                        Workload workload = Workload::trace_then_sample);
+                        Workload workload = Workload::trace_then_sample, bool preemption = false);
 
 // Offline references on the pods a run of `seed` meets (the same pods, in the same order, that
 // every policy but `random` meets): not policies a scheduler could run, since they see every

@@ -44,6 +44,7 @@ struct PodSpec {
   std::int64_t creation_time = -1;  // seconds; -1 where the trace has none
   std::int64_t deletion_time = -1;
   std::vector<std::pair<std::string, int>> mig = {};  // MIG devices asked for, by profile
+  std::string qos;  // the trace's qos column (LS, BE, Guaranteed, Burstable); empty if none
 
   bool shares_gpu() const { return gpus == 1 && gpu_milli < kMilli; }
   std::int64_t gpu_milli_total() const { return std::int64_t{gpus} * gpu_milli; }

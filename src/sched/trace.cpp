@@ -140,6 +140,7 @@ std::vector<PodSpec> read_pods(const std::string& path) {
         spec.remove_prefix(bar + 1);
       }
     }
+    if (csv.columns() > 6) pod.qos = csv.text(6).substr(0, 32);
     if (csv.columns() > 9) {
       pod.creation_time = csv.number(8, 0, kLarge);
       if (!csv.text(9).empty()) pod.deletion_time = csv.number(9, 0, kLarge);
@@ -150,14 +151,20 @@ std::vector<PodSpec> read_pods(const std::string& path) {
   return pods;
 }
 
+std::int32_t priority_of_qos(std::string_view qos) {
+  if (qos == "LS" || qos == "Guaranteed") return 1000;
+  if (qos == "Burstable") return 500;
+  return 0;
+}
+
 void write_pods(const std::string& path, const std::vector<PodSpec>& pods) {
   std::ofstream output(path);
-  output << "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n";
+  output << "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n";
   for (const PodSpec& pod : pods) {
     std::string spec;
     for (const std::string& model : pod.models) spec += (spec.empty() ? "" : "|") + model;
-    output << fmt::format("{},{},{},{},{},{}\n", pod.name, pod.cpu_milli, pod.memory_mib, pod.gpus,
-                          pod.gpu_milli, spec);
+    output << fmt::format("{},{},{},{},{},{},{}\n", pod.name, pod.cpu_milli, pod.memory_mib,
+                          pod.gpus, pod.gpu_milli, spec, pod.qos);
   }
   output.close();
   if (!output) throw std::runtime_error(fmt::format("{}: cannot write", path));

@@ -626,6 +626,34 @@ TEST(Experiment, BalancedPlacementHoldsAgainstFgdOnGeneratedTraces) {
   }
 }
 
+TEST(Experiment, PreemptionLetsHigherQosPodsEvictLowerOnes) {
+  const std::string data = std::string(TESSERA_SOURCE_DIR) + "/data/openb/";
+  const auto nodes = read_nodes(data + "openb_node_list_gpu_node.csv");
+  auto pods = read_pods(data + "openb_pod_list_default.csv");
+  EXPECT_EQ(priority_of_qos("LS"), 1000);
+  EXPECT_EQ(priority_of_qos("Guaranteed"), 1000);
+  EXPECT_EQ(priority_of_qos("Burstable"), 500);
+  EXPECT_EQ(priority_of_qos("BE"), 0);
+  EXPECT_EQ(priority_of_qos(""), 0);
+  const RunResult without = run_inflation(nodes, pods, Policy::fgd_balanced, 42, 1.3);
+  const RunResult with =
+      run_inflation(nodes, pods, Policy::fgd_balanced, 42, 1.3, Workload::trace_then_sample, true);
+  EXPECT_EQ(without.preemptions, 0);
+  EXPECT_EQ(with.placed + with.pending, without.placed + without.pending);  // the same arrivals
+  EXPECT_GT(with.preemptions, 0);
+  EXPECT_GE(with.victims, with.preemptions);  // each preemption evicts someone
+  // The same seed, the same run.
+  const RunResult again =
+      run_inflation(nodes, pods, Policy::fgd_balanced, 42, 1.3, Workload::trace_then_sample, true);
+  EXPECT_EQ(again.victims, with.victims);
+  // All of one priority: nobody may evict anybody.
+  for (PodSpec& pod : pods) pod.qos = "BE";
+  const RunResult equals =
+      run_inflation(nodes, pods, Policy::fgd_balanced, 42, 1.3, Workload::trace_then_sample, true);
+  EXPECT_EQ(equals.preemptions, 0);
+  EXPECT_EQ(equals.placed, without.placed);
+}
+
 TEST(Experiment, TheOfflinePackerFillsGpusWithSizesThatAddUpWhereArrivalOrderCannot) {
   ScratchDirectory scratch;
   // One node of 4 GPUs; pods of 600 and 400 milli, arriving to 200 % of the GPUs.

@@ -171,6 +171,7 @@ TEST_F(TraceGenerator, WritesATraceThatReadsBackTheSame) {
   shape.gpu_spec = 0.5;
   auto pods = generate_trace(source_, nodes_, shape, 2);
   pods[0].models = {"V100M16", "V100M32"};  // several models, as gpuspec10 has them
+  ASSERT_FALSE(pods[1].qos.empty());        // drawn with the source's qos
   const std::string path = scratch.file("pods.csv");
   write_pods(path, pods);
   const auto read = read_pods(path);
@@ -182,6 +183,7 @@ TEST_F(TraceGenerator, WritesATraceThatReadsBackTheSame) {
     EXPECT_EQ(read[i].gpus, pods[i].gpus);
     EXPECT_EQ(read[i].gpu_milli, pods[i].gpu_milli);
     EXPECT_EQ(read[i].models, pods[i].models);
+    EXPECT_EQ(read[i].qos, pods[i].qos);
   }
   EXPECT_THROW(write_pods(scratch.file("no/such/dir/pods.csv"), pods), std::runtime_error);
 }
