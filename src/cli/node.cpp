@@ -47,8 +47,7 @@ void refuse_the_other_mode(const NodeOptions& options) {
     std::error_code error;
     for (const auto& entry : fs::directory_iterator(options.device_plugin_dir, error)) {
       const std::string name = entry.path().filename().string();
-      if (name.starts_with("tessera-") && name.ends_with(".sock") &&
-          base::socket_answers(entry.path().string())) {
+      if (node::is_device_plugin_socket_name(name) && base::socket_answers(entry.path().string())) {
         throw std::runtime_error(fmt::format(
             "a Tessera device plugin serves this node's GPUs ({}); a node hands out its GPUs one "
             "way: stop it (deploy/tessera-node.yaml keeps off nodes labelled "

@@ -36,4 +36,9 @@ inline constexpr const char* kGpusharePodVariable = "ALIYUN_COM_GPU_MEM_POD";
 inline constexpr const char* kGpushareContainerVariable = "ALIYUN_COM_GPU_MEM_CONTAINER";
 inline constexpr const char* kGpushareDeviceVariable = "ALIYUN_COM_GPU_MEM_DEV";
 
+// NVIDIA MPS: a client's share of the GPU's threads, and its memory limit per device
+// ("0=1G,1=2G"); the DRA driver sets them for MPS claims, the simulated MPS client reads them.
+inline constexpr const char* kMpsThreadPercentageVariable = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+inline constexpr const char* kMpsMemoryLimitVariable = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+
 }  // namespace tessera::contract

@@ -12,6 +12,7 @@
 #include "base/yaml_document.h"
 #include "common/limits.h"
 #include "contract/limit_variables.h"
+#include "contract/variables.h"
 #include "dra/cdi.h"
 #include "kube/json_input.h"
 
@@ -270,11 +271,11 @@ DraDriver::Prepared DraDriver::make(const ClaimRef& claim,
   common.devices.clear();  // each CDI device carries its own
   if (sharing.strategy == SharingConfig::Strategy::mps) {
     if (sharing.mps_thread_percentage > 0) {
-      common.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] =
+      common.envs[contract::kMpsThreadPercentageVariable] =
           std::to_string(sharing.mps_thread_percentage);
     }
     if (sharing.mps_pinned_memory_bytes > 0) {
-      common.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] =
+      common.envs[contract::kMpsMemoryLimitVariable] =
           fmt::format("0={}M", sharing.mps_pinned_memory_bytes >> 20);
     }
   }

@@ -32,10 +32,20 @@ std::uint64_t ChangeSignal::wait(std::uint64_t seen, std::chrono::milliseconds t
   return generation_;
 }
 
+namespace {
+constexpr std::string_view kSocketPrefix = "tessera-", kSocketSuffix = ".sock";
+}  // namespace
+
 std::string socket_name_for(const std::string& resource) {
   const std::size_t slash = resource.find('/');
-  return "tessera-" + (slash == std::string::npos ? resource : resource.substr(slash + 1)) +
-         ".sock";
+  return std::string(kSocketPrefix) +
+         (slash == std::string::npos ? resource : resource.substr(slash + 1)) +
+         std::string(kSocketSuffix);
+}
+
+bool is_device_plugin_socket_name(const std::string& name) {
+  return name.size() > kSocketPrefix.size() + kSocketSuffix.size() &&
+         name.starts_with(kSocketPrefix) && name.ends_with(kSocketSuffix);
 }
 
 class DevicePluginServer::Service final : public v1beta1::DevicePlugin::Service {

@@ -93,5 +93,7 @@ class DevicePluginServer {
 
 // The socket file name for a resource: tessera-<name after the '/'>.sock.
 std::string socket_name_for(const std::string& resource);
+// Whether a file name in the device-plugin directory is one socket_name_for gives.
+bool is_device_plugin_socket_name(const std::string& name);
 
 }  // namespace tessera::node

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "contract/variables.h"
+
 namespace tessera::sim {
 namespace {
 
@@ -19,14 +21,14 @@ namespace {
 // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=1G,1=2G"): a client may ask for less than the
 // daemon's defaults, never more.
 void apply_client_environment(MpsClientLimits& limits) {
-  if (const char* text = std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"); text != nullptr) {
+  if (const char* text = std::getenv(contract::kMpsThreadPercentageVariable); text != nullptr) {
     char* end = nullptr;
     const double percent = std::strtod(text, &end);
     if (end != text && *end == '\0' && percent > 0 && percent < limits.thread_percentage) {
       limits.thread_percentage = percent;
     }
   }
-  const char* list = std::getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+  const char* list = std::getenv(contract::kMpsMemoryLimitVariable);
   for (const char* cursor = list; cursor != nullptr && *cursor != '\0';) {
     const char* end = std::strchr(cursor, ',');
     const std::size_t length = end ? static_cast<std::size_t>(end - cursor) : std::strlen(cursor);
