@@ -59,14 +59,19 @@ void InMemoryCluster::put(const std::string& kind, nlohmann::json object) {
   record(kind, existed ? "MODIFIED" : "ADDED", object);
 }
 
-void InMemoryCluster::remove(const std::string& kind, const std::string& key) {
-  base::MutexLock locked(mutex_);
+bool InMemoryCluster::erase(const std::string& kind, const std::string& key) const {
   auto found = objects_[kind].find(key);
-  if (found == objects_[kind].end()) return;
+  if (found == objects_[kind].end()) return false;
   nlohmann::json object = found->second;
   objects_[kind].erase(found);
   stamp(object);
   record(kind, "DELETED", object);
+  return true;
+}
+
+void InMemoryCluster::remove(const std::string& kind, const std::string& key) {
+  base::MutexLock locked(mutex_);
+  erase(kind, key);
 }
 
 void InMemoryCluster::patch(const std::string& kind, const std::string& key,
@@ -297,12 +302,7 @@ ApiResponse InMemoryCluster::replace_resource_slice(const std::string& name,
 ApiResponse InMemoryCluster::delete_resource_slice(const std::string& name, kube::Deadline) const {
   base::MutexLock locked(mutex_);
   if (write_status_ != 200) return refusal(write_status_);
-  auto found = objects_["resourceslices"].find(name);
-  if (found == objects_["resourceslices"].end()) return refusal(404);
-  nlohmann::json object = found->second;
-  objects_["resourceslices"].erase(found);
-  stamp(object);
-  record("resourceslices", "DELETED", object);
+  if (!erase("resourceslices", name)) return refusal(404);
   return answer(200, {{"kind", "Status"}, {"status", "Success"}});
 }
 

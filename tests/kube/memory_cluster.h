@@ -89,6 +89,8 @@ class InMemoryCluster : public kube::Cluster {
   // The API server's state: mutable so that the interface's calls, const to their callers,
   // change it as the API server's would.
   void stamp(nlohmann::json& object) const REQUIRES(mutex_);
+  // Deletes an object as the API server does (its DELETED event recorded); false if none.
+  bool erase(const std::string& kind, const std::string& key) const REQUIRES(mutex_);
   void record(const std::string& kind, const std::string& type, const nlohmann::json& object) const
       REQUIRES(mutex_);
   kube::ApiResponse read(const std::string& kind, const std::string& key) const EXCLUDES(mutex_);
