@@ -120,7 +120,8 @@ void Cluster::measure_model_reservations(const std::vector<Request>& requests) {
 double Cluster::reservation_cost(const Node& node, const Request& request) const {
   if (node.model < 0 || request.gpus == 0) return 0;
   const std::uint64_t own = std::uint64_t{1} << node.model;
-  const bool may_go_elsewhere = request.models == 0 || (request.models & existing_models() & ~own);
+  const bool may_go_elsewhere =
+      request.models == 0 || (request.models & existing_models() & ~own) != 0;
   if (!may_go_elsewhere) return 0;
   return model_reserved_[static_cast<std::size_t>(node.model)] * static_cast<double>(request.gpus) *
          request.gpu_milli;
