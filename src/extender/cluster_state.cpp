@@ -286,41 +286,46 @@ std::string ClusterState::refusal(const PodRequest& pod, const std::string& node
   return {};
 }
 
-std::optional<std::vector<std::string>> ClusterState::preemption_victims(const PodRequest& pod,
-                                                                         const std::string& node,
-                                                                         std::string& why) const {
-  Request request;
-  int index = -1;
-  why = refusal(pod, node, request, index);
-  if (why.empty()) return std::vector<std::string>{};
-  if (index < 0) return std::nullopt;
-  const NodeInfo& info = nodes_.at(node);
-  // What no victim changes: the node's GPUs, model and memory, the profiles asked for.
-  if (!kubelet_counts(info, pod)) {
-    if (pod.gpus > 0 &&
-        (cluster_->nodes()[index].gpus == 0 || !model_refusal(pod, info.spec.model).empty())) {
-      return std::nullopt;
-    }
-    if (pod.mig.size() > static_cast<std::size_t>(sched::kMostMigAsks)) return std::nullopt;
-    request = request_on(*cluster_, pod, info.gpu_memory_mib);
-    if (request.gpu_milli > kMilli) return std::nullopt;
-  }
-  std::vector<sched::Occupant> occupants;
-  std::vector<const std::string*> uids;
+std::vector<std::optional<std::vector<std::string>>> ClusterState::preemption_victims(
+    const PodRequest& pod, const std::vector<std::string>& nodes) const {
+  std::vector<std::optional<std::vector<std::string>>> answers(nodes.size());
+  // The holds of the asked nodes, in one pass.
+  std::map<std::string, std::size_t> asked;
+  for (std::size_t k = 0; k < nodes.size(); ++k) asked.emplace(nodes[k], k);
+  std::vector<std::vector<sched::Occupant>> occupants(nodes.size());
+  std::vector<std::vector<const std::string*>> uids(nodes.size());
   for (const auto& [uid, hold] : holds_) {
-    if (!hold.applied || hold.node != node) continue;
-    occupants.push_back({hold.request, hold.placement, hold.pod.priority});
-    uids.push_back(&uid);
+    const auto found = asked.find(hold.node);
+    if (!hold.applied || found == asked.end()) continue;
+    occupants[found->second].push_back({hold.request, hold.placement, hold.pod.priority});
+    uids[found->second].push_back(&uid);
   }
-  const auto chosen = cluster_->preemption_victims(index, request, pod.priority, occupants);
-  if (!chosen) {
-    why = fmt::format("{}, and the pods of priority below {} here would not make room", why,
-                      pod.priority);
-    return std::nullopt;
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    Request request;
+    int index = -1;
+    if (refusal(pod, nodes[k], request, index).empty()) {
+      answers[k] = std::vector<std::string>{};
+      continue;
+    }
+    if (index < 0) continue;  // unknown
+    const NodeInfo& info = nodes_.at(nodes[k]);
+    // What no victim changes: the node's GPUs, model and memory, the profiles asked for.
+    if (!kubelet_counts(info, pod)) {
+      if (pod.gpus > 0 &&
+          (cluster_->nodes()[index].gpus == 0 || !model_refusal(pod, info.spec.model).empty())) {
+        continue;
+      }
+      if (pod.mig.size() > static_cast<std::size_t>(sched::kMostMigAsks)) continue;
+      request = request_on(*cluster_, pod, info.gpu_memory_mib);
+      if (request.gpu_milli > kMilli) continue;
+    }
+    const auto chosen = cluster_->preemption_victims(index, request, pod.priority, occupants[k]);
+    if (!chosen) continue;
+    std::vector<std::string> victims;
+    for (std::size_t i : *chosen) victims.push_back(*uids[k][i]);
+    answers[k] = std::move(victims);
   }
-  std::vector<std::string> victims;
-  for (std::size_t i : *chosen) victims.push_back(*uids[i]);
-  return victims;
+  return answers;
 }
 
 std::optional<double> ClusterState::score(const PodRequest& pod, const std::string& node,

@@ -77,13 +77,13 @@ class ClusterState {
   std::optional<Reservation> reserve(const std::string& uid, const PodRequest& pod,
                                      const std::string& node, Policy policy, Clock::time_point now,
                                      std::string& why);
-  // Preemption: the pods on `node` (by UID) of priority below `pod`'s whose removal lets it fit
-  // there, the fewest, of the lowest priorities, freeing one GPU for a one-GPU pod
-  // (Cluster::preemption_victims); none if it fits as it is. nullopt with `why` where no such
-  // pods would make room (or the node cannot take the pod at all).
-  std::optional<std::vector<std::string>> preemption_victims(const PodRequest& pod,
-                                                             const std::string& node,
-                                                             std::string& why) const;
+  // Preemption, for each of `nodes`: the pods there (by UID) of priority below `pod`'s whose
+  // removal lets it fit, the fewest, of the lowest priorities, freeing one GPU for a one-GPU
+  // pod (Cluster::preemption_victims); none if it fits as it is; nullopt where no such pods
+  // would make room (or the node cannot take the pod at all, or is unknown). One pass over
+  // the holds, however many nodes.
+  std::vector<std::optional<std::vector<std::string>>> preemption_victims(
+      const PodRequest& pod, const std::vector<std::string>& nodes) const;
   // A bind that failed: its room is free again.
   void give_back(const std::string& uid);
 

@@ -144,13 +144,19 @@ HttpReply Extender::answer_preempt(const std::string& body) {
   PreemptionArgs args;
   HttpReply reply;
   if (!parse_preemption_args(body, args, reply)) return reply;
+  std::vector<std::string> nodes;
+  for (const auto& [node, pdb_violations] : args.nodes) nodes.push_back(node);
+  std::vector<std::optional<std::vector<std::string>>> chosen;
+  {
+    base::ReaderLock reading(mutex_);
+    chosen = state_.preemption_victims(args.pod, nodes);
+  }
   std::vector<std::pair<std::string, PreemptionVictims>> victims;
-  base::ReaderLock reading(mutex_);
-  for (const auto& [node, pdb_violations] : args.nodes) {
-    std::string why;
-    auto chosen = state_.preemption_victims(args.pod, node, why);
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
     // Tessera does not read PodDisruptionBudgets: kube-scheduler's count for the node stands.
-    if (chosen) victims.emplace_back(node, PreemptionVictims{std::move(*chosen), pdb_violations});
+    if (chosen[k])
+      victims.emplace_back(nodes[k],
+                           PreemptionVictims{std::move(*chosen[k]), args.nodes[k].second});
   }
   return preemption_result(victims);
 }

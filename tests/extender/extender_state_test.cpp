@@ -145,21 +145,29 @@ TEST(ExtenderState, PreemptionChoosesAmongTheNodesHoldsByPriority) {
   hold_on("elsewhere", "b", 0, 0);
   PodRequest urgent = gpu_pod("urgent", 1);
   urgent.priority = 100;
-  std::string why;
-  EXPECT_EQ(state.preemption_victims(urgent, "a", why), std::vector<std::string>{"low"});
+  using Victims = std::optional<std::vector<std::string>>;
+  const auto victims_on = [&](const PodRequest& pod, const std::string& node) {
+    return state.preemption_victims(pod, {node}).at(0);
+  };
+  EXPECT_EQ(victims_on(urgent, "a"), Victims(std::vector<std::string>{"low"}));
   urgent.gpus = 2;  // both of a's GPUs
-  EXPECT_EQ(state.preemption_victims(urgent, "a", why), (std::vector<std::string>{"low", "mid"}));
+  EXPECT_EQ(victims_on(urgent, "a"), Victims(std::vector<std::string>{"low", "mid"}));
   urgent.priority = 50;  // mid is an equal
-  EXPECT_EQ(state.preemption_victims(urgent, "a", why), std::nullopt);
-  EXPECT_NE(why.find("pods of priority below 50 here would not make room"), std::string::npos)
-      << why;
+  EXPECT_EQ(victims_on(urgent, "a"), std::nullopt);
   // What no eviction changes: too much GPU memory, an unknown node.
-  EXPECT_EQ(state.preemption_victims(gpu_pod("huge", 1, 90000), "a", why), std::nullopt);
-  EXPECT_EQ(state.preemption_victims(urgent, "nowhere", why), std::nullopt);
+  EXPECT_EQ(victims_on(gpu_pod("huge", 1, 90000), "a"), std::nullopt);
+  EXPECT_EQ(victims_on(urgent, "nowhere"), std::nullopt);
+  // Several nodes at once, each with its own: b's one pod is below 100.
+  urgent.priority = 100;
+  urgent.gpus = 1;
+  const auto both = state.preemption_victims(urgent, {"b", "nowhere", "a"});
+  ASSERT_EQ(both.size(), 3u);
+  EXPECT_EQ(both[0], Victims(std::vector<std::string>{"elsewhere"}));
+  EXPECT_EQ(both[1], std::nullopt);
+  EXPECT_EQ(both[2], Victims(std::vector<std::string>{"low"}));
   // A pod whose holds are gone fits as it is: no victims.
   state.pod_event("low", true, std::nullopt, std::nullopt);
-  urgent.gpus = 1;
-  EXPECT_EQ(state.preemption_victims(urgent, "a", why), std::vector<std::string>{});
+  EXPECT_EQ(victims_on(urgent, "a"), Victims(std::vector<std::string>{}));
 }
 
 TEST(ExtenderState, ANodeDeletedOrChangedIsOfferedAsItIsNow) {
