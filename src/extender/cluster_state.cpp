@@ -240,8 +240,8 @@ void ClusterState::set_hold(const std::string& uid, std::optional<Hold> hold) {
   measure_workload_if_moved();
 }
 
-std::string ClusterState::refusal(const PodRequest& pod, const std::string& node, Request& request,
-                                  int& index) const {
+std::string ClusterState::lasting_refusal(const PodRequest& pod, const std::string& node,
+                                          Request& request, int& index) const {
   const auto found = index_.find(node);
   if (found == index_.end()) return "node unknown to Tessera";
   index = found->second;
@@ -250,8 +250,7 @@ std::string ClusterState::refusal(const PodRequest& pod, const std::string& node
     PodRequest host_only = pod;
     host_only.gpus = 0;
     request = request_on(*cluster_, host_only, info.gpu_memory_mib);
-    return cluster_->fits(cluster_->nodes()[index], request) ? std::string()
-                                                             : "not enough CPU or memory";
+    return {};
   }
   if (pod.gpus > 0) {
     if (cluster_->nodes()[index].gpus == 0)
@@ -266,6 +265,21 @@ std::string ClusterState::refusal(const PodRequest& pod, const std::string& node
     return fmt::format("asks for {} MIG profiles ({}); a pod may ask for at most {}", asked.size(),
                        fmt::join(asked, ", "), sched::kMostMigAsks);
   }
+  request = request_on(*cluster_, pod, info.gpu_memory_mib);
+  if (request.gpu_milli > kMilli) {
+    return fmt::format("asks for {} MiB of GPU memory; a GPU here has {} MiB", pod.gpumem_mib,
+                       info.gpu_memory_mib);
+  }
+  return {};
+}
+
+std::string ClusterState::refusal(const PodRequest& pod, const std::string& node, Request& request,
+                                  int& index) const {
+  if (std::string why = lasting_refusal(pod, node, request, index); !why.empty()) return why;
+  const sched::Node& now = cluster_->nodes()[index];
+  if (kubelet_counts(nodes_.at(node), pod)) {
+    return cluster_->fits(now, request) ? std::string() : "not enough CPU or memory";
+  }
   for (const auto& [profile, count] : pod.mig) {
     const int free = cluster_->mig_free(index, profile);
     if (free < count) {
@@ -273,12 +287,7 @@ std::string ClusterState::refusal(const PodRequest& pod, const std::string& node
                          count);
     }
   }
-  request = request_on(*cluster_, pod, info.gpu_memory_mib);
-  if (request.gpu_milli > kMilli) {
-    return fmt::format("asks for {} MiB of GPU memory; a GPU here has {} MiB", pod.gpumem_mib,
-                       info.gpu_memory_mib);
-  }
-  if (!cluster_->fits(cluster_->nodes()[index], request)) {
+  if (!cluster_->fits(now, request)) {
     if (pod.gpus == 0) return "not enough CPU or memory";
     return fmt::format("no room for {} GPU(s) of {} milli-GPU (or for the CPU and memory)",
                        request.gpus, request.gpu_milli);
@@ -303,22 +312,9 @@ std::vector<std::optional<std::vector<std::string>>> ClusterState::preemption_vi
   for (std::size_t k = 0; k < nodes.size(); ++k) {
     Request request;
     int index = -1;
-    if (refusal(pod, nodes[k], request, index).empty()) {
-      answers[k] = std::vector<std::string>{};
-      continue;
-    }
-    if (index < 0) continue;  // unknown
-    const NodeInfo& info = nodes_.at(nodes[k]);
-    // What no victim changes: the node's GPUs, model and memory, the profiles asked for.
-    if (!kubelet_counts(info, pod)) {
-      if (pod.gpus > 0 &&
-          (cluster_->nodes()[index].gpus == 0 || !model_refusal(pod, info.spec.model).empty())) {
-        continue;
-      }
-      if (pod.mig.size() > static_cast<std::size_t>(sched::kMostMigAsks)) continue;
-      request = request_on(*cluster_, pod, info.gpu_memory_mib);
-      if (request.gpu_milli > kMilli) continue;
-    }
+    // What no eviction changes (an unknown node, its GPUs, model and memory) rules it out;
+    // the rest is room, which the engine weighs with the victims.
+    if (!lasting_refusal(pod, nodes[k], request, index).empty()) continue;
     const auto chosen = cluster_->preemption_victims(index, request, pod.priority, occupants[k]);
     if (!chosen) continue;
     std::vector<std::string> victims;

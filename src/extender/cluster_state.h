@@ -70,6 +70,10 @@ class ClusterState {
   // Why `pod` cannot go to `node` (empty if it can); fills `request` and `index` for it.
   std::string refusal(const PodRequest& pod, const std::string& node, Request& request,
                       int& index) const;
+  // The part of refusal that no eviction changes: an unknown node, no GPUs, another model, too
+  // many MIG profiles, more GPU memory than a GPU has. Fills `request` and `index` when empty.
+  std::string lasting_refusal(const PodRequest& pod, const std::string& node, Request& request,
+                              int& index) const;
   // The engine's score for `pod` on `node` under `policy`; nullopt where it does not fit.
   std::optional<double> score(const PodRequest& pod, const std::string& node, Policy policy) const;
   // Holds room for this extender's bind of pod `uid` on `node` (replacing an earlier attempt's);
