@@ -54,22 +54,29 @@ bool parse_body(const std::string& body, nlohmann::json& args, HttpReply& reply)
   return true;
 }
 
+// The Pod field of kube-scheduler's `what` (ExtenderArgs, ExtenderPreemptionArgs); on failure
+// `reply` is the 400 that says why.
+bool parse_pod(const nlohmann::json& args, const char* what, PodRequest& pod, HttpReply& reply) {
+  const nlohmann::json* object = field(args, "Pod");
+  if (object == nullptr || !object->is_object()) {
+    reply = bad_request(fmt::format("{} has no Pod object", what));
+    return false;
+  }
+  try {
+    pod = pod_from_json(*object);
+  } catch (const std::exception& error) {
+    reply = bad_request(error.what());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool parse_extender_args(const std::string& body, Candidates& candidates, HttpReply& reply) {
   nlohmann::json args;
   if (!parse_body(body, args, reply)) return false;
-  const nlohmann::json* pod = field(args, "Pod");
-  if (pod == nullptr || !pod->is_object()) {
-    reply = bad_request("ExtenderArgs has no Pod object");
-    return false;
-  }
-  try {
-    candidates.pod = pod_from_json(*pod);
-  } catch (const std::exception& error) {
-    reply = bad_request(error.what());
-    return false;
-  }
+  if (!parse_pod(args, "ExtenderArgs", candidates.pod, reply)) return false;
   const nlohmann::json* nodes = field(args, "Nodes");
   const nlohmann::json* names = field(args, "NodeNames");
   if (nodes != nullptr && !nodes->is_null()) {
@@ -178,17 +185,7 @@ bool parse_bind_args(const std::string& body, BindArgs& parsed, HttpReply& reply
 bool parse_preemption_args(const std::string& body, PreemptionArgs& parsed, HttpReply& reply) {
   nlohmann::json args;
   if (!parse_body(body, args, reply)) return false;
-  const nlohmann::json* pod = field(args, "Pod");
-  if (pod == nullptr || !pod->is_object()) {
-    reply = bad_request("ExtenderPreemptionArgs has no Pod object");
-    return false;
-  }
-  try {
-    parsed.pod = pod_from_json(*pod);
-  } catch (const std::exception& error) {
-    reply = bad_request(error.what());
-    return false;
-  }
+  if (!parse_pod(args, "ExtenderPreemptionArgs", parsed.pod, reply)) return false;
   // Whole pods without nodeCacheCapable, UIDs with it: either way Tessera needs only the nodes
   // and their PodDisruptionBudget counts, and chooses the victims itself.
   const nlohmann::json* meta = field(args, "NodeNameToMetaVictims");
