@@ -147,16 +147,14 @@ PodRequest pod_from_json(const nlohmann::json& pod) {
                                         "pod " + request.name, "metadata.namespace");
   request.uid = string_field(pod, {"metadata", "uid"}, "", "pod " + request.name, "metadata.uid");
   const std::string label = request.namespace_name + "/" + request.name;
-  if (const nlohmann::json* spec = pod.is_object() && pod.contains("spec") ? &pod["spec"] : nullptr;
-      spec != nullptr && spec->is_object() && spec->contains("priority") &&
-      !(*spec)["priority"].is_null()) {
-    const nlohmann::json& priority = (*spec)["priority"];
-    // Kubernetes' int32, set from the pod's PriorityClass at admission.
+  if (const nlohmann::json::json_pointer at("/spec/priority");
+      pod.contains(at) && !pod[at].is_null()) {
+    const nlohmann::json& priority = pod[at];
+    // Kubernetes' int32, set from the pod's PriorityClass at admission. (An unsigned value past
+    // 2^63 reads back negative: below the minimum, refused all the same.)
     if (!priority.is_number_integer() ||
         priority.get<std::int64_t>() < std::numeric_limits<std::int32_t>::min() ||
-        priority.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max() ||
-        (priority.is_number_unsigned() &&
-         priority.get<std::uint64_t>() > std::numeric_limits<std::int32_t>::max())) {
+        priority.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max()) {
       throw std::runtime_error(fmt::format("pod {}: spec.priority={} is not a 32-bit integer",
                                            label, priority.dump().substr(0, 40)));
     }
