@@ -347,6 +347,13 @@ void Cluster::release(const Request& request, const Placement& placement) {
   gpu_milli_allocated_ -= mig_milli_asked(node, request);
 }
 
+std::int32_t highest_priority(const std::vector<std::size_t>& victims,
+                              const std::vector<Occupant>& occupants) {
+  std::int32_t most = std::numeric_limits<std::int32_t>::min();
+  for (std::size_t i : victims) most = std::max(most, occupants[i].priority);
+  return most;
+}
+
 // Kubernetes' own way, on the engine's model: take every lower-priority occupant out; if the
 // request fits then, give them back one at a time, highest priority first, keeping each that
 // leaves the request still fitting. What is not given back is needed. A one-GPU request is
@@ -385,12 +392,7 @@ std::optional<std::vector<std::size_t>> Cluster::preemption_victims(
   auto worse_than_best = [&](const std::vector<std::size_t>& victims) {
     if (!best) return false;
     if (victims.size() != best->size()) return victims.size() > best->size();
-    auto highest = [&](const std::vector<std::size_t>& chosen) {
-      std::int32_t most = std::numeric_limits<std::int32_t>::min();
-      for (std::size_t i : chosen) most = std::max(most, occupants[i].priority);
-      return most;
-    };
-    return highest(victims) >= highest(*best);
+    return highest_priority(victims, occupants) >= highest_priority(*best, occupants);
   };
   for (const int target : targets) {
     std::vector<std::size_t> order = lower;

@@ -109,6 +109,11 @@ struct Occupant {
   std::int32_t priority = 0;
 };
 
+// The highest priority among `victims` (indices into `occupants`); the least int32 for none.
+// Between two choices of as many victims, the lower highest priority is the better.
+std::int32_t highest_priority(const std::vector<std::size_t>& victims,
+                              const std::vector<Occupant>& occupants);
+
 // The target workload FGD measures fragmentation against: task classes by popularity.
 struct TaskClass {
   Request request;
@@ -140,8 +145,8 @@ class Cluster {
   void release(const Request& request, const Placement& placement);
   // Preemption on one node: the fewest of `occupants` (those placed on `node`) of priority
   // below `priority` whose removal lets `request` fit there, preferring the lowest priorities.
-  // Indices into `occupants`; empty if
-  // the request fits as it is; nullopt if removing every such occupant would not make it fit.
+  // Indices into `occupants`; empty if the request fits as it is; nullopt if removing every
+  // such occupant would not make it fit.
   // A one-GPU request frees one GPU: the one that needs the fewest victims.
   // Each victim is needed: given the rest back, the request would no longer fit.
   std::optional<std::vector<std::size_t>> preemption_victims(

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -134,8 +133,7 @@ class Evictions {
       const auto victims =
           cluster.preemption_victims(static_cast<int>(node), request, priority, on_node_[node]);
       if (!victims) continue;
-      std::int32_t highest = std::numeric_limits<std::int32_t>::min();
-      for (std::size_t i : *victims) highest = std::max(highest, on_node_[node][i].priority);
+      const std::int32_t highest = highest_priority(*victims, on_node_[node]);
       if (chosen_node < 0 || victims->size() < chosen.size() ||
           (victims->size() == chosen.size() && highest < chosen_highest)) {
         chosen_node = static_cast<int>(node);
