@@ -7,6 +7,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace tessera::sched {
 namespace {
@@ -65,9 +66,12 @@ std::map<std::string, int> models_for(const PodSpec& pod, const std::vector<Node
 }  // namespace
 
 std::string why_not_generable(const std::vector<PodSpec>& source, const TraceShape& shape) {
-  if (out_of_range(shape.sharing) || out_of_range(shape.multi_gpu) ||
-      out_of_range(shape.gpu_spec)) {
-    return "the shares of sharing, multi-GPU and model-restricted pods must be at most 1";
+  for (const auto& [name, share] :
+       {std::pair{"sharing", shape.sharing}, std::pair{"multi-gpu", shape.multi_gpu},
+        std::pair{"gpu-spec", shape.gpu_spec}}) {
+    if (out_of_range(share)) {
+      return fmt::format("{} share {} must be at most 1 (negative: as in the source)", name, share);
+    }
   }
   const std::vector<std::int64_t> sums = gpu_by_kind(source);
   if (sums[kKinds] == 0) return "the source trace has no GPU pods";
@@ -86,9 +90,11 @@ std::string why_not_generable(const std::vector<PodSpec>& source, const TraceSha
                          kind_name(static_cast<Kind>(kind)));
     }
   }
-  if (!(shape.gpu_pod_cpu > 0 && shape.gpu_pod_cpu <= 100) ||
-      !(shape.cpu_only >= 0 && shape.cpu_only <= 100)) {
-    return "the CPU factors must be above 0 (CPU-only: at least 0) and at most 100";
+  if (!(shape.gpu_pod_cpu > 0 && shape.gpu_pod_cpu <= 100)) {
+    return fmt::format("gpu-pod-cpu factor {} must be above 0 and at most 100", shape.gpu_pod_cpu);
+  }
+  if (!(shape.cpu_only >= 0 && shape.cpu_only <= 100)) {
+    return fmt::format("cpu-only factor {} must be from 0 to 100", shape.cpu_only);
   }
   return {};
 }
