@@ -64,6 +64,17 @@ struct SimOptions {
   std::string output;                          // directory for curve.csv and allocation.svg
   bool references = true;   // the offline packer and the bound beside the policies
   bool preemption = false;  // pods that fit nowhere evict lower priorities (by the trace's qos)
+  // A mixed MIG cluster: `mig_nodes` of the nodes with `mig_node_gpus` GPUs have their last
+  // `mig_gpus` MIG-capable, cut as `mig_layout` at start; `mig_pods` of the pods sharing a GPU
+  // ask for a profile instead; with `dynamic_mig` the layouts change for pods that fit nowhere.
+  double mig_nodes = 0;
+  int mig_node_gpus = 8;
+  int mig_gpus = 4;
+  std::string mig_model = "A100-40GB";
+  std::string mig_layout = "3g.20gb=1,2g.10gb=1,1g.5gb=2";  // or "whole": MIG off at start
+  double mig_pods = 0;
+  bool dynamic_mig = false;
+  double recut_seconds = 5, mig_mode_seconds = 30;
 };
 int sim_command(const SimOptions& options);
 

@@ -84,6 +84,25 @@ int main(int argc, char** argv) {
                     "LS and Guaranteed 1000, Burstable 500, BE 0)");
   sim_app->add_flag("!--no-references", sim.references,
                     "Leave out the offline packer and the bound shown beside the policies");
+  sim_app->add_option("--mig-nodes", sim.mig_nodes,
+                      "Share of the nodes with --mig-node-gpus GPUs whose last --mig-gpus GPUs are "
+                      "MIG-capable (0: none)");
+  sim_app->add_option("--mig-node-gpus", sim.mig_node_gpus, "GPUs of the nodes --mig-nodes picks");
+  sim_app->add_option("--mig-gpus", sim.mig_gpus, "MIG-capable GPUs on each picked node");
+  sim_app->add_option("--mig-model", sim.mig_model,
+                      "The MIG-capable GPUs' model, for its profiles (A100-40GB, H100-80GB, ...)");
+  sim_app->add_option("--mig-layout", sim.mig_layout,
+                      "Each MIG-capable GPU's layout at start, as profile=count,... or whole");
+  sim_app->add_option("--mig-pods", sim.mig_pods,
+                      "Share of the pods sharing one GPU, at most half of it, that ask for the "
+                      "smallest MIG profile holding them instead");
+  sim_app->add_flag("--dynamic-mig", sim.dynamic_mig,
+                    "Re-cut MIG GPUs (and turn MIG on or off on idle ones) for pods that fit "
+                    "nowhere");
+  sim_app->add_option("--recut-seconds", sim.recut_seconds,
+                      "Price of a re-cut: seconds its new GPU instances are unavailable");
+  sim_app->add_option("--mig-mode-seconds", sim.mig_mode_seconds,
+                      "Price of a MIG mode change: seconds its whole GPU is unavailable");
 
   TraceGenOptions trace_gen;
   CLI::App* trace_gen_app = app.add_subcommand(

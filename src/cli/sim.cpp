@@ -6,10 +6,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 
 #include "cli/commands.h"
+#include "mig/catalog.h"
 #include "sched/experiment.h"
 #include "sched/trace_generator.h"
 
@@ -68,11 +70,88 @@ std::vector<sched::Policy> parse_policies(const std::string& text) {
   return policies;
 }
 
+// "3g.20gb=1,1g.5gb=2" against the model's profiles; "whole" is none (MIG off).
+mig::ProfileCounts parse_layout(const std::string& text, const mig::GpuModel& model) {
+  mig::ProfileCounts counts;
+  if (text == "whole") return counts;
+  std::string_view rest(text);
+  for (bool more = true; more;) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    more = comma != std::string_view::npos;
+    rest = more ? rest.substr(comma + 1) : std::string_view();
+    const std::size_t equals = item.find('=');
+    const std::string name(item.substr(0, equals));
+    int count = 0;
+    const std::string_view number =
+        equals == std::string_view::npos ? std::string_view() : item.substr(equals + 1);
+    const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), count);
+    const mig::Profile* profile = model.profile_named(name);
+    if (profile == nullptr || error != std::errc() || end != number.data() + number.size() ||
+        count < 1 || count > 7) {
+      throw UsageError(fmt::format(
+          "--mig-layout '{}': '{}' is not profile=count with a {} profile and a count of 1 to 7",
+          text, item, model.key));
+    }
+    counts[name] += count;
+  }
+  return counts;
+}
+
+// The MIG options, checked; null when the cluster has no MIG-capable GPU.
+std::optional<sched::DynamicMigOptions> mig_options(const SimOptions& options,
+                                                    std::vector<sched::NodeSpec>& nodes) {
+  const bool any = options.mig_nodes != 0 || options.mig_pods != 0 || options.dynamic_mig;
+  if (!any) return std::nullopt;
+  const auto share = [](const char* name, double value) {
+    if (!(value >= 0 && value <= 1))
+      throw UsageError(fmt::format("{} {} must be from 0 to 1", name, value));
+  };
+  share("--mig-nodes", options.mig_nodes);
+  share("--mig-pods", options.mig_pods);
+  if (options.mig_gpus < 1 || options.mig_gpus > options.mig_node_gpus ||
+      options.mig_node_gpus > sched::kMostGpusPerNode) {
+    throw UsageError(fmt::format("--mig-gpus {} must be from 1 to --mig-node-gpus {} (at most {})",
+                                 options.mig_gpus, options.mig_node_gpus, sched::kMostGpusPerNode));
+  }
+  for (const auto& [name, value] : {std::pair{"--recut-seconds", options.recut_seconds},
+                                    std::pair{"--mig-mode-seconds", options.mig_mode_seconds}}) {
+    if (!(value >= 0 && value <= 86400))
+      throw UsageError(fmt::format("{} {} must be from 0 to 86400", name, value));
+  }
+  const mig::GpuModel* model = mig::find_model(options.mig_model);
+  if (model == nullptr) {
+    std::string known;
+    for (const mig::GpuModel& each : mig::builtin_catalog())
+      known += (known.empty() ? "" : ", ") + each.key;
+    throw UsageError(fmt::format("--mig-model '{}' is not a MIG-capable model (known: {})",
+                                 options.mig_model, known));
+  }
+  sched::DynamicMigOptions mig{model,
+                               parse_layout(options.mig_layout, *model),
+                               options.dynamic_mig,
+                               {options.recut_seconds, options.mig_mode_seconds}};
+  // Spread evenly: the j-th candidate is picked when the share's running count steps up.
+  long candidates = 0;
+  for (sched::NodeSpec& node : nodes) {
+    if (node.gpus != options.mig_node_gpus) continue;
+    const auto before = static_cast<long>(static_cast<double>(candidates) * options.mig_nodes);
+    const auto after = static_cast<long>(static_cast<double>(candidates + 1) * options.mig_nodes);
+    if (after > before) node.mig_capable_gpus = options.mig_gpus;
+    ++candidates;
+  }
+  return mig;
+}
+
 }  // namespace
 
 int sim_command(const SimOptions& options) {
   const std::vector<std::uint64_t> seeds = parse_seeds(options.seeds);
-  const std::vector<sched::NodeSpec> nodes = sched::read_nodes(options.nodes);
+  std::vector<sched::NodeSpec> nodes = sched::read_nodes(options.nodes);
+  const std::optional<sched::DynamicMigOptions> mig = mig_options(options, nodes);
+  if (mig && (options.replay || options.preemption)) {
+    throw UsageError("the --mig options apply to sampled arrivals without --preemption");
+  }
   const std::vector<sched::PodSpec> pods = sched::read_pods(options.pods);
   // Refused here, with the file named, rather than by a run on another thread.
   if (const std::string why = sched::why_not_a_cluster(nodes); !why.empty()) {
@@ -86,7 +165,7 @@ int sim_command(const SimOptions& options) {
     for (std::uint64_t seed : seeds) jobs.push_back({policy, seed});
   }
   // Beside the policies, how far they are from what is possible on the same pods.
-  if (!options.replay && options.references) {
+  if (!options.replay && options.references && !mig) {  // the references know no MIG
     for (const sched::Reference reference :
          {sched::Reference::offline_packer, sched::Reference::bound}) {
       for (std::uint64_t seed : seeds) jobs.push_back({sched::Policy::fgd, seed, reference});
@@ -112,6 +191,11 @@ int sim_command(const SimOptions& options) {
         if (job.reference) {
           return sched::run_reference(nodes, pods, *job.reference, job.seed, options.load,
                                       workload);
+        }
+        if (mig) {  // the run's own pods asking for profiles, drawn by its seed
+          return sched::run_inflation(
+              nodes, sched::with_mig_pods(pods, *mig->model, options.mig_pods, job.seed),
+              job.policy, job.seed, options.load, workload, false, &*mig);
         }
         return options.replay ? sched::run_replay(nodes, pods, job.policy, job.seed)
                               : sched::run_inflation(nodes, pods, job.policy, job.seed,
@@ -148,6 +232,7 @@ int sim_command(const SimOptions& options) {
   struct Summary {
     std::vector<double> at100, at_max;
     double preemptions = 0, victims = 0, arrivals = 0;  // summed over seeds
+    double recuts = 0, mode_changes = 0, unavailable = 0;
   };
   std::map<std::string, Summary> summary;
   std::vector<std::string> order;
@@ -159,6 +244,9 @@ int sim_command(const SimOptions& options) {
     summary[name].preemptions += static_cast<double>(result.preemptions);
     summary[name].victims += static_cast<double>(result.victims);
     summary[name].arrivals += static_cast<double>(result.placed + result.pending);
+    summary[name].recuts += static_cast<double>(result.mig_recuts);
+    summary[name].mode_changes += static_cast<double>(result.mig_mode_changes);
+    summary[name].unavailable += result.mig_unavailable_gpu_seconds;
   }
   auto mean = [](const std::vector<double>& v) {
     double s = 0;
@@ -178,6 +266,18 @@ int sim_command(const SimOptions& options) {
     const Summary& s = summary[name];
     fmt::print("{:<16}{:>12.2f} ± {:<4.2f}{:>12.2f} ± {:<4.2f}\n", name, mean(s.at100),
                deviation(s.at100), mean(s.at_max), deviation(s.at_max));
+  }
+  if (mig && mig->dynamic) {
+    fmt::print("\nDynamic MIG, mean per run and per 1,000 arrived pods\n");
+    fmt::print("{:<16}{:>10}{:>14}{:>12}{:>12}{:>14}\n", "POLICY", "RE-CUTS", "MODE-CHANGES",
+               "RE-CUTS/1K", "MODES/1K", "GPU-SECONDS");
+    for (const std::string& name : order) {
+      const Summary& s = summary[name];
+      const double runs = static_cast<double>(s.at100.size());
+      fmt::print("{:<16}{:>10.1f}{:>14.1f}{:>12.2f}{:>12.2f}{:>14.0f}\n", name, s.recuts / runs,
+                 s.mode_changes / runs, 1000 * s.recuts / s.arrivals,
+                 1000 * s.mode_changes / s.arrivals, s.unavailable / runs);
+    }
   }
   if (options.preemption) {
     fmt::print("\nPreemption, mean per run and per 1,000 arrived pods\n");

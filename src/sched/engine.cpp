@@ -125,7 +125,7 @@ Cluster::Cluster(const std::vector<NodeSpec>& specs) {
     node.whole_only = spec.whole_only_gpus;
     gpu_milli_total_ += std::int64_t{spec.gpus} * kMilli;
     for (const MigDevices& devices : spec.mig) {
-      if (devices.count <= 0) continue;
+      if (devices.count < 0) continue;  // 0: a profile the node may be cut into (dynamic MIG)
       auto [it, added] =
           profile_ids.emplace(devices.profile, static_cast<std::uint8_t>(mig_profiles_.size()));
       if (added) {
@@ -182,6 +182,32 @@ Request Cluster::request_for(const PodSpec& pod) const {
                                              : std::uint64_t{1} << (found - models_.begin());
   }
   return request;
+}
+
+std::int64_t Cluster::asked_milli(const Request& request) const {
+  std::int64_t milli = std::int64_t{request.gpus} * request.gpu_milli;
+  for (int k = 0; k < request.mig_asks; ++k) {
+    if (request.mig[k].profile < mig_profile_milli_.size())
+      milli += std::int64_t{request.mig[k].count} * mig_profile_milli_[request.mig[k].profile];
+  }
+  return milli;
+}
+
+void Cluster::lend_gpu_to_mig(int node_index, int gpu, bool lend) {
+  Node& node = nodes_[static_cast<std::size_t>(node_index)];
+  TESSERA_DCHECK(gpu >= 0 && gpu < node.gpus);
+  TESSERA_DCHECK(node.gpu_left[gpu] == (lend ? kMilli : 0));  // idle either way
+  node.gpu_left[gpu] = static_cast<std::int16_t>(lend ? 0 : kMilli);
+  ++node.version;
+}
+
+void Cluster::add_mig_devices(int node_index, std::uint8_t profile, int delta) {
+  Node& node = nodes_[static_cast<std::size_t>(node_index)];
+  MigSlot* slot = node.mig_slot(profile);
+  TESSERA_DCHECK(slot != nullptr && slot->free + delta >= 0);
+  slot->total = static_cast<std::int16_t>(slot->total + delta);
+  slot->free = static_cast<std::int16_t>(slot->free + delta);
+  ++node.version;
 }
 
 bool Cluster::fits(const Node& node, const Request& request) const {

@@ -160,6 +160,17 @@ class Cluster {
   void set_target_workload(const std::vector<Request>& requests, double coverage = 0.95);
   // Free MIG devices of `profile` (as Kubernetes spells it) on a node; 0 where it has none.
   int mig_free(int node, const std::string& profile) const;
+  // A profile's number in this cluster, or kUnknownMigProfile if no node has it.
+  std::uint8_t mig_profile_id(const std::string& profile) const;
+  // The milli-GPU a request asks for: its GPUs' and its MIG devices' (as the cluster cuts them).
+  std::int64_t asked_milli(const Request& request) const;
+  // Changing how a node's GPUs are cut (dynamic MIG, dynamic_mig.h owns the why):
+  // GPU `gpu`, idle, leaves the shared GPUs for MIG (its milli is then its devices'), or comes
+  // back whole once its devices are gone;
+  void lend_gpu_to_mig(int node, int gpu, bool lend);
+  // `delta` free MIG devices of a profile the node was built with (NodeSpec::mig, a count of
+  // 0 included) appear, or go.
+  void add_mig_devices(int node, std::uint8_t profile, int delta);
   // Fragmented milli-GPU of a node, or of the whole cluster, under the target workload: for
   // each class, the free GPU milli and MIG devices it cannot use, weighted by popularity.
   double fragmentation(const Node& node) const {
@@ -193,8 +204,6 @@ class Cluster {
   };
   Score score(const Node& node, const Request& request, Policy policy) const;
   Score fgd_score(const Node& node, const Request& request, Policy policy) const;
-  // A profile's number in this cluster, or kUnknownMigProfile if no node has it.
-  std::uint8_t mig_profile_id(const std::string& profile) const;
   static bool mig_fits(const Node& node, const Request& request);
   static double packing_preference(const Node& node, const Request& request);
   // The free GPU milli of the node that a pod of `request` could use (0 if it does not fit).

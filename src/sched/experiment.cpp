@@ -164,13 +164,23 @@ class Evictions {
 
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
                         Policy policy, std::uint64_t seed, double max_load, Workload workload,
-                        bool preemption) {
+                        bool preemption, const DynamicMigOptions* mig) {
   require(why_not_a_cluster(nodes));
   require(why_not_inflatable(nodes, trace, max_load));
+  if (mig != nullptr && preemption) {
+    throw std::invalid_argument("preemption on MIG-capable GPUs is not simulated");
+  }
   const auto start = std::chrono::steady_clock::now();
   std::mt19937_64 random(seed);
-  Cluster cluster(in_run_order(nodes, random));
+  std::vector<NodeSpec> ordered = in_run_order(nodes, random);
+  if (mig != nullptr) ordered = DynamicMig::with_mig_profiles(std::move(ordered), *mig->model);
+  Cluster cluster(ordered);
   cluster.set_target_workload(trace);
+  std::optional<DynamicMig> dynamic;
+  if (mig != nullptr) {
+    dynamic.emplace(cluster, ordered, *mig);
+    dynamic->set_target_workload(trace);
+  }
   RunResult result{policy, policy_name(policy), seed, {}, 0, 0, 0};
   const double capacity = static_cast<double>(cluster.gpu_milli_total());
   double arrived = 0;
@@ -181,10 +191,17 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
     const PodSpec& pod = trace[arrivals.next()];
     const Request request = cluster.request_for(pod);
     const std::int32_t priority = priority_of_qos(pod.qos);
-    arrived += static_cast<double>(pod.gpu_milli_total());
-    const Placement placement = cluster.place(request, policy, random);
+    arrived += static_cast<double>(cluster.asked_milli(request));
+    Placement placement = cluster.place(request, policy, random);
+    if (placement.node < 0 && dynamic) {
+      if (const int node = dynamic->make_room(request); node >= 0) {
+        placement = cluster.place_on(node, request, policy, random);
+        if (placement.node != node) throw std::logic_error("dynamic MIG made no room");
+      }
+    }
     if (placement.node >= 0) {
       cluster.allocate(request, placement);
+      if (dynamic && request.mig_asks > 0) dynamic->take(request, placement);
       if (preemption) evictions.placed(request, placement, priority);
       ++result.placed;
     } else if (const long victims =
@@ -203,6 +220,11 @@ RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<Po
                               next_percent % 5 == 0 ? cluster.fragmentation() / capacity : -1});
       ++next_percent;
     }
+  }
+  if (dynamic) {
+    result.mig_recuts = dynamic->recuts();
+    result.mig_mode_changes = dynamic->mode_changes();
+    result.mig_unavailable_gpu_seconds = dynamic->unavailable_gpu_seconds();
   }
   result.seconds = seconds_since(start);
   return result;

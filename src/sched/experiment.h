@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "sched/dynamic_mig.h"
 #include "sched/engine.h"
 #include "sched/trace.h"
 
@@ -36,6 +37,9 @@ struct RunResult {
   std::vector<CurvePoint> curve;  // at every 1 % of arrived load
   long placed = 0, pending = 0;
   long preemptions = 0, victims = 0;  // with preemption: pods placed by evicting, pods evicted
+  // With MIG-capable GPUs: GPUs re-cut, MIG modes changed, and the GPU-seconds they cost.
+  long mig_recuts = 0, mig_mode_changes = 0;
+  double mig_unavailable_gpu_seconds = 0;
   double seconds = 0;
   // Allocation ratio when arrived load first reached `load`.
   double allocated_at(double load) const;
@@ -57,9 +61,13 @@ std::string why_not_replayable(const std::vector<PodSpec>& trace);
 // on the node where that takes the fewest (then the lowest priorities; Cluster::
 // preemption_victims), as the extender's preempt verb chooses them. Evicted pods are not
 // placed again.
+// With `mig`, the nodes' MIG-capable GPUs (NodeSpec::mig_capable_gpus) are cut as it says, and
+// with mig->dynamic a pod that fits nowhere may get room by a change of cut (dynamic_mig.h);
+// not with preemption (refused).
 RunResult run_inflation(const std::vector<NodeSpec>& nodes, const std::vector<PodSpec>& trace,
                         Policy policy, std::uint64_t seed, double max_load,
-                        Workload workload = Workload::trace_then_sample, bool preemption = false);
+                        Workload workload = Workload::trace_then_sample, bool preemption = false,
+                        const DynamicMigOptions* mig = nullptr);
 
 // Offline references on the pods a run of `seed` meets (the same pods, in the same order, that
 // every policy but `random` meets): not policies a scheduler could run, since they see every

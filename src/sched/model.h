@@ -32,6 +32,9 @@ struct NodeSpec {
   // fractional pod's limits could not be enforced.
   std::uint16_t whole_only_gpus = 0;
   std::vector<MigDevices> mig = {};  // GPUs cut into MIG devices; not among `gpus`
+  // For dynamic MIG in the simulator (dynamic_mig.h): the last this many of `gpus` can be put
+  // in MIG mode and cut.
+  int mig_capable_gpus = 0;
 };
 
 struct PodSpec {

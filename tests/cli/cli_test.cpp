@@ -478,6 +478,48 @@ TEST(Sim, AnswersOrRefusesEveryTraceWithoutHangingOrAborting) {
   }
 }
 
+TEST(Sim, MigOptionsAreCheckedByName) {
+  ScratchDirectory scratch;
+  const char* const pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,1,200\n";
+  const struct {
+    std::vector<std::string> extra;
+    const char* expected;
+  } cases[] = {
+      {{"--mig-nodes", "1.5"}, "--mig-nodes 1.5 must be from 0 to 1"},
+      {{"--mig-pods", "-0.1"}, "--mig-pods -0.1 must be from 0 to 1"},
+      {{"--mig-nodes", "1", "--mig-model", "T4"}, "--mig-model 'T4' is not a MIG-capable model"},
+      {{"--mig-nodes", "1", "--mig-layout", "3g.20gb=x"}, "'3g.20gb=x' is not profile=count"},
+      {{"--mig-nodes", "1", "--mig-layout", "5g.20gb=1"}, "'5g.20gb=1' is not profile=count"},
+      {{"--mig-nodes", "1", "--mig-gpus", "9"}, "--mig-gpus 9 must be from 1 to --mig-node-gpus"},
+      {{"--mig-nodes", "1", "--recut-seconds", "-1"}, "--recut-seconds -1 must be from 0"},
+      {{"--mig-nodes", "1", "--preemption"}, "the --mig options apply to sampled arrivals"},
+  };
+  for (const auto& c : cases) {
+    const Finished done = sim_on(scratch, kTwoNodes, pods, c.extra);
+    EXPECT_EQ(done.exit_code, 2) << c.expected << "\n" << done.err;
+    EXPECT_NE(done.err.find(c.expected), std::string::npos) << c.expected << " vs: " << done.err;
+  }
+  // A layout that names real profiles but does not fit the GPU: refused with the reason.
+  const Finished too_big =
+      sim_on(scratch, kTwoNodes, pods, {"--mig-nodes", "1", "--mig-layout", "4g.20gb=2"});
+  EXPECT_EQ(too_big.exit_code, 1) << too_big.err;
+  EXPECT_NE(too_big.err.find("MIG layout '4g.20gb=2' does not fit a A100-40GB"), std::string::npos)
+      << too_big.err;
+}
+
+TEST(Sim, DynamicMigReportsItsChanges) {
+  ScratchDirectory scratch;
+  std::string pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n";
+  for (int i = 0; i < 20; ++i) pods += "s" + std::to_string(i) + ",1000,1024,1,250\n";
+  pods += "w,1000,1024,1,1000\n";
+  const Finished done = sim_on(scratch, kTwoNodes, pods,
+                               {"--seeds", "1-3", "--mig-nodes", "1", "--mig-pods", "0.5",
+                                "--mig-layout", "whole", "--dynamic-mig"});
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  EXPECT_NE(done.out.find("Dynamic MIG, mean per run"), std::string::npos) << done.out;
+  EXPECT_EQ(done.out.find("offline-packer"), std::string::npos) << "references know no MIG";
+}
+
 TEST(Sim, ANodeListWithMoreGpuModelsThanTheEngineHoldsIsRefused) {
   ScratchDirectory scratch;
   std::string nodes = "sn,cpu_milli,memory_mib,gpu,model\n";
