@@ -27,6 +27,13 @@ inline constexpr const char* kNoUseGpuTypeAnnotation = "nvidia.com/nouse-gputype
 inline constexpr const char* kGpusAnnotation = "tessera.io/gpus";
 inline constexpr const char* kConfigAnnotation = "tessera.io/config";  // the config in force
 inline constexpr const char* kConfigErrorAnnotation = "tessera.io/config-error";  // why refused
+// Dynamic MIG (docs/mig.md): the layout a node's MIG GPUs should have, written by the
+// scheduler or a person and applied by the node agent to instances no pod holds. JSON, GPU
+// index to profile counts as NVML names the profiles: {"0": {"3g.40gb": 1, "1g.10gb": 4}}.
+inline constexpr const char* kMigLayoutAnnotation = "tessera.io/mig-layout";
+// What the node agent made of it: "success", or "failed: " and why (the GPUs keep the layout
+// they had), as NVIDIA's mig-manager reports nvidia.com/mig.config.state.
+inline constexpr const char* kMigLayoutStateAnnotation = "tessera.io/mig-layout-state";
 // NVIDIA's label naming the config a node runs (read by the node agent).
 inline constexpr const char* kConfigLabel = "nvidia.com/device-plugin.config";
 

@@ -106,7 +106,8 @@ void NodeAgent::start() {
   }
   for (const std::string& field : config.ignored)
     say(fmt::format("{}: {} is accepted and not acted on", config.origin, field));
-  auto first = std::make_shared<Served>(Served{config, build_resource_map(inventory_, config)});
+  auto first = std::make_shared<Served>(Served{std::make_shared<const Inventory>(inventory_),
+                                               config, build_resource_map(inventory_, config)});
   for (const std::string& note : first->map.notes) say(note);
   apply(first);
 
@@ -140,8 +141,9 @@ bool NodeAgent::reload() {
   try {
     const ConfigSet set = read_configs();
     PluginConfig config = choose_config(set, {label, options_.config_name});
-    auto next = std::make_shared<Served>(Served{config, build_resource_map(inventory_, config)});
     const auto current = served();
+    auto next = std::make_shared<Served>(
+        Served{current->inventory, config, build_resource_map(*current->inventory, config)});
     {
       base::MutexLock locked(state_mutex_);
       config_error_.clear();
@@ -177,7 +179,7 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
   // it is the one served (a health change sends the list), and they run under its slice.
   const int timeslice = next->config.flags.compute_timeslice;
   if (timeslice >= 0 && timeslice != applied_timeslice_) {
-    if (apply_compute_timeslice(options_.nvidia_smi, inventory_, timeslice,
+    if (apply_compute_timeslice(options_.nvidia_smi, *next->inventory, timeslice,
                                 [this](const std::string& text) { say(text); })) {
       applied_timeslice_ = timeslice;
     }
@@ -187,9 +189,10 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
     served_ = next;
     ++generation_;
   }
-  restart_health(next->config);
+  restart_health(*next);
   // The MPS daemons first: a resource is served once its daemon answers.
-  const std::vector<MpsDaemonSpec> daemons = mps_daemon_specs(inventory_, next->config, next->map);
+  const std::vector<MpsDaemonSpec> daemons =
+      mps_daemon_specs(*next->inventory, next->config, next->map);
   if (mps_ == nullptr && !daemons.empty()) {
     mps_ = std::make_unique<MpsSupervisor>(
         options_.mps_control, health_,
@@ -205,7 +208,7 @@ void NodeAgent::apply(std::shared_ptr<const Served> next) {
   if (!options_.features_dir.empty()) {
     try {
       write_features_file(options_.features_dir,
-                          gpu_labels(inventory_, next->config, std::time(nullptr)));
+                          gpu_labels(*next->inventory, next->config, std::time(nullptr)));
     } catch (const std::exception& failure) {
       say(failure.what());
     }
@@ -254,7 +257,7 @@ std::unique_ptr<DevicePluginServer> NodeAgent::make_server(const std::string& re
     const auto state = served();
     const Resource* served_resource = state->map.find(resource);
     if (served_resource == nullptr) throw AllocationError(resource + " is no longer served");
-    return grants_->prefer(inventory_, *served_resource, available, required, size,
+    return grants_->prefer(*state->inventory, *served_resource, available, required, size,
                            scheduler_numbering(*state), [&] {
                              return preferred_allocation(*served_resource, available, required,
                                                          size, options_.replica_policy);
@@ -267,7 +270,7 @@ std::unique_ptr<DevicePluginServer> NodeAgent::make_server(const std::string& re
     const auto state = served();
     const Resource* served_resource = state->map.find(resource);
     if (served_resource == nullptr) throw AllocationError(resource + " is no longer served");
-    grants_->pre_start(inventory_, *served_resource, ids, scheduler_numbering(*state));
+    grants_->pre_start(*state->inventory, *served_resource, ids, scheduler_numbering(*state));
   };
   callbacks.allocate = [this, resource](const std::vector<std::string>& ids) {
     return allocate(resource, ids);
@@ -295,26 +298,32 @@ ContainerAllocation NodeAgent::allocate(const std::string& resource,
     throw AllocationError(fmt::format("{} is no longer served on this node", resource));
   }
   if (limited_kind(served_resource->kind)) {
-    return grants_->allocate(inventory_, state->config, *served_resource, ids, health_);
+    return grants_->allocate(*state->inventory, state->config, *served_resource, ids, health_);
   }
   ContainerAllocation allocation = expose_devices(
-      inventory_, state->config, requested_devices(*served_resource, ids), random_uuid());
+      *state->inventory, state->config, requested_devices(*served_resource, ids), random_uuid());
   if (served_resource->mps) {
     add_mps_access(allocation, state->config, resource);
-    const ContainerGrant grant = mps_container_grant(inventory_, *served_resource, ids);
-    say(fmt::format("mps: {} on GPU(s) {}: {} for all the container's processes",
-                    fmt::join(ids, ","), fmt::format("{}", fmt::join(grant.gpus, ",")),
-                    grants_->add_ledger(allocation, inventory_, *served_resource, ids, grant)));
+    const ContainerGrant grant = mps_container_grant(*state->inventory, *served_resource, ids);
+    say(fmt::format(
+        "mps: {} on GPU(s) {}: {} for all the container's processes", fmt::join(ids, ","),
+        fmt::format("{}", fmt::join(grant.gpus, ",")),
+        grants_->add_ledger(allocation, *state->inventory, *served_resource, ids, grant)));
   }
   return allocation;
 }
 
-void NodeAgent::restart_health(const PluginConfig& config) {
-  if (monitor_ != nullptr && monitor_settings_ == config.health) return;
+void NodeAgent::restart_health(const Served& next) {
+  const PluginConfig& config = next.config;
+  if (monitor_ != nullptr && monitor_settings_ == config.health &&
+      monitor_inventory_ == next.inventory) {
+    return;
+  }
   monitor_.reset();
   monitor_settings_ = config.health;
+  monitor_inventory_ = next.inventory;
   monitor_ = std::make_unique<HealthMonitor>(
-      *nvml_, inventory_,
+      *nvml_, *next.inventory,
       health_policy(config.health, std::getenv("DP_DISABLE_HEALTHCHECKS"),
                     std::getenv("DP_ENABLE_HEALTHCHECKS"), options_.recovery_quiet),
       health_,
@@ -411,10 +420,10 @@ void NodeAgent::watch_config() {
 std::string NodeAgent::metrics() {
   AgentStatus status;
   status.hostname = options_.node_name;
-  status.inventory = &inventory_;
+  const auto state = served();
+  status.inventory = state->inventory.get();
   status.health = &health_;
   status.xids = health_.events();
-  const auto state = served();
   {
     base::MutexLock locked(servers_mutex_);
     for (const auto& [name, server] : servers_) {

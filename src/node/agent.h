@@ -29,6 +29,7 @@
 #include "node/health.h"
 #include "node/labels.h"
 #include "node/metrics.h"
+#include "node/mig_layout.h"
 #include "node/mps.h"
 #include "node/nvml.h"
 #include "node/plugin_server.h"
@@ -78,6 +79,7 @@ class NodeAgent {
   std::uint64_t config_generation() const;
   std::string config_error() const;  // why the last config read was refused, or ""
   std::string metrics();
+  // The GPUs as read at start (the DRA plugin's: in DRA mode the agent changes no layout).
   const Inventory& inventory() const { return inventory_; }
   // What a DRA plugin beside the agent shares with it (dra/node_plugin.h); valid after start().
   const HealthBoard& health() const { return health_; }
@@ -92,7 +94,10 @@ class NodeAgent {
   ContainerAllocation allocate(const std::string& resource, const std::vector<std::string>& ids);
 
  private:
+  // What is served, as one snapshot: the GPUs as last read (a MIG re-cut changes their
+  // devices), the config, and the resources built from both.
   struct Served {
+    std::shared_ptr<const Inventory> inventory;
     PluginConfig config;
     ResourceMap map;
   };
@@ -100,13 +105,17 @@ class NodeAgent {
   void apply(std::shared_ptr<const Served> next) REQUIRES(reload_mutex_) EXCLUDES(servers_mutex_);
   std::unique_ptr<DevicePluginServer> make_server(const std::string& resource);
   ConfigSet read_configs() const;
-  void restart_health(const PluginConfig& config) REQUIRES(reload_mutex_);
+  void restart_health(const Served& next) REQUIRES(reload_mutex_);
   void register_all(bool restart_servers) EXCLUDES(servers_mutex_);
   void watch_kubelet();
   void watch_config();
   // agent_cluster.cpp: the node's config label; what the agent publishes on the node.
   std::string read_node_label();
   void watch_node();
+  // agent_mig.cpp: the tessera.io/mig-layout annotation applied, and the GPUs served anew.
+  void apply_wanted_mig_layout(const std::string& text) EXCLUDES(reload_mutex_);
+  // The GPU instances the kubelet has given to containers, by the served devices' IDs.
+  HeldInstances held_mig_instances(const Served& state) const;
   void publish_loop();
   void request_publish();
   void say(const std::string& text) const;
@@ -129,10 +138,13 @@ class NodeAgent {
   // The time slice last set on the GPUs; -1: never.
   int applied_timeslice_ GUARDED_BY(reload_mutex_) = -1;
   HealthSettings monitor_settings_ GUARDED_BY(reload_mutex_);
+  std::shared_ptr<const Inventory> monitor_inventory_ GUARDED_BY(reload_mutex_);
 
   mutable base::Mutex state_mutex_ ACQUIRED_AFTER(reload_mutex_);
   std::shared_ptr<const Served> served_ GUARDED_BY(state_mutex_);
   std::string node_label_ GUARDED_BY(state_mutex_);
+  std::string mig_layout_ GUARDED_BY(state_mutex_);        // the annotation last acted on
+  std::string mig_layout_state_ GUARDED_BY(state_mutex_);  // what came of it, for the node
   std::string config_error_ GUARDED_BY(state_mutex_);
   std::uint64_t generation_ GUARDED_BY(state_mutex_) = 0;
   std::uint64_t reload_errors_ GUARDED_BY(state_mutex_) = 0;

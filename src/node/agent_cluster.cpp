@@ -58,16 +58,25 @@ std::string NodeAgent::read_node_label() {
 void NodeAgent::watch_node() {
   auto take = [this](const nlohmann::json& node) {
     const std::string label = node.is_null() ? std::string() : node_label_of(node);
-    bool changed = false;
+    const nlohmann::json* wanted =
+        node.is_null()
+            ? nullptr
+            : kube::find_at(node, {"metadata", "annotations", contract::kMigLayoutAnnotation});
+    const std::string layout =
+        wanted != nullptr && wanted->is_string() ? wanted->get<std::string>() : std::string();
+    bool changed = false, layout_changed = false;
     {
       base::MutexLock locked(state_mutex_);
       changed = label != node_label_;
       node_label_ = label;
+      layout_changed = layout != mig_layout_;
+      mig_layout_ = layout;
     }
     if (changed) {
       say(fmt::format("node label {} is now '{}'", contract::kConfigLabel, label));
       reload();
     }
+    if (layout_changed && !layout.empty()) apply_wanted_mig_layout(layout);
   };
   kube::CollectionHandlers handlers;
   handlers.replace = [&](const nlohmann::json& items) {
@@ -107,22 +116,23 @@ void NodeAgent::publish_loop() {
       due = publish_pending_ || Clock::now() - last_collect >= kCollectEvery;
       publish_pending_ = false;
     }
-    // A coordination file written over is made whole for the containers using it.
-    grants_->repair_coordination(inventory_);
-    if (!due) continue;
     const auto state = served();
-    std::string error;
+    // A coordination file written over is made whole for the containers using it.
+    grants_->repair_coordination(*state->inventory);
+    if (!due) continue;
+    std::string error, mig_state;
     std::uint64_t generation = 0;
     {
       base::MutexLock locked(state_mutex_);
       error = config_error_;
+      mig_state = mig_layout_state_;
       generation = generation_;
     }
     if (generation != labelled_generation) {  // GFD's timestamp: when the config took effect
       applied_at = std::time(nullptr);
       labelled_generation = generation;
     }
-    const Labels labels = gpu_labels(inventory_, state->config, applied_at);
+    const Labels labels = gpu_labels(*state->inventory, state->config, applied_at);
     bool failed = false;
     if (!options_.features_dir.empty()) {
       try {
@@ -139,7 +149,7 @@ void NodeAgent::publish_loop() {
         if (labels.count(key) == 0) patch_labels[key] = nullptr;
       }
       const nlohmann::json annotation =
-          gpus_annotation(inventory_, state->map, health_, state->config.strategy());
+          gpus_annotation(*state->inventory, state->map, health_, state->config.strategy());
       nlohmann::json patch{
           {"metadata",
            {{"labels", patch_labels},
@@ -147,7 +157,10 @@ void NodeAgent::publish_loop() {
              {{contract::kGpusAnnotation, kube::dump_outside_json(annotation)},
               {contract::kConfigAnnotation, state->config.name},
               {contract::kConfigErrorAnnotation,
-               error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))}}}}}};
+               error.empty() ? nlohmann::json() : nlohmann::json(error.substr(0, 4096))},
+              {contract::kMigLayoutStateAnnotation,
+               mig_state.empty() ? nlohmann::json()
+                                 : nlohmann::json(mig_state.substr(0, 4096))}}}}}};
       const kube::ApiResponse answer =
           options_.cluster->patch_node(options_.node_name, patch, kube::Deadline::max());
       if (answer.status == 200) {
@@ -191,7 +204,7 @@ void NodeAgent::publish_loop() {
 
 std::vector<std::string> NodeAgent::scheduler_numbering(const Served& state) const {
   return contract::scheduler_numbering(
-      gpus_annotation(inventory_, state.map, health_, state.config.strategy())["gpus"]);
+      gpus_annotation(*state.inventory, state.map, health_, state.config.strategy())["gpus"]);
 }
 
 }  // namespace tessera::node

@@ -142,6 +142,82 @@ TEST(Node, MigDevicesLaidOutByTesseraMigAreServedByProfile) {
   EXPECT_EQ(node.stop(), 0);
 }
 
+// Dynamic MIG on the node: the layout annotation re-cuts the GPU around the instance a pod
+// holds, the new devices are served, and a layout that would take the held instance, or is no
+// layout, is refused on the node with the reason while the GPU keeps its cut.
+TEST(Node, TheMigLayoutAnnotationReCutsOnlyWhatNoPodHolds) {
+  ScratchDirectory scratch;
+  const Environment env = machine(scratch, "A100-80GB", {{"TESSERA_SIMULATE", "1"}});
+  const std::string layout = scratch.file("mig.yaml");
+  write_config(layout,
+               "version: v1\nmig-configs:\n  small:\n    - devices: [0]\n"
+               "      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 7}\n");
+  const std::vector<std::string> apply = {tessera(), "mig", "apply", "-f", layout, "-c", "small"};
+  ASSERT_EQ(run(apply, env).exit_code, 3);  // MIG on waits for a reset
+  ASSERT_EQ(run({tessera(), "simgpu", "reset", "--device", "0"}, env).exit_code, 0);
+  ASSERT_EQ(run(apply, env).exit_code, 0);
+  const std::string config = scratch.file("config.yaml");
+  write_config(config, "version: v1\nflags:\n  migStrategy: mixed\n");
+  FakeCluster cluster;
+  cluster.put("nodes", cluster_node("gpu-node"));
+  TestKubelet kubelet(scratch.file("dp"));
+  NodeProcess node(scratch, {"--config-file", config, "--api-server", cluster.url()}, env);
+  ASSERT_TRUE(node.started()) << node.log();
+  const auto count_is = [](std::size_t count) {
+    return [count](const TestKubelet::Devices& devices) { return devices.size() == count; };
+  };
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-1g.10gb", count_is(7), 10s)) << node.log();
+  std::vector<TestKubelet::AdmittedContainer> admitted;
+  ASSERT_TRUE(
+      kubelet.admit({"default", "holder", {{"main", {{"nvidia.com/mig-1g.10gb", 1}}}}}, admitted)
+          .ok())
+      << node.log();
+  const std::string held = admitted.at(0).devices.at("nvidia.com/mig-1g.10gb").at(0);
+
+  const auto state_is = [&](const std::string& prefix) {
+    return cluster.wait_for(
+        "nodes", "gpu-node",
+        [&](const nlohmann::json& object) {
+          const auto& annotations = object["metadata"]["annotations"];
+          return annotations.contains(contract::kMigLayoutStateAnnotation) &&
+                 annotations[contract::kMigLayoutStateAnnotation].get<std::string>().rfind(prefix,
+                                                                                           0) == 0;
+        },
+        10s);
+  };
+  const auto want = [&](const std::string& text) {
+    cluster.patch("nodes", "gpu-node",
+                  {{"metadata", {{"annotations", {{contract::kMigLayoutAnnotation, text}}}}}});
+  };
+  // 3g + three 1g: fits beside the held 1g wherever it sits.
+  want(R"({"0": {"3g.40gb": 1, "1g.10gb": 3}})");
+  ASSERT_TRUE(state_is("success")) << node.log();
+  TestKubelet::Devices small;
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-1g.10gb", count_is(3), 10s, &small))
+      << node.log();
+  EXPECT_EQ(small.count(held), 1u) << "the held instance keeps its device";
+  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-3g.40gb", count_is(1), 10s)) << node.log();
+
+  // One 7g would take the held 1g: refused, the cut unchanged.
+  want(R"({"0": {"7g.80gb": 1}})");
+  ASSERT_TRUE(state_is("failed: GPU 0")) << node.log();
+  const std::string refused = cluster.get("nodes", "gpu-node")
+                                  ->at("metadata")
+                                  .at("annotations")
+                                  .at(contract::kMigLayoutStateAnnotation);
+  EXPECT_NE(refused.find("in use"), std::string::npos) << refused;
+  want(R"({"0": {"1g.10gb": 9}})");
+  ASSERT_TRUE(state_is("failed: tessera.io/mig-layout is not a layout")) << node.log();
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-1g.10gb", count_is(3), 1s));
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-3g.40gb", count_is(1), 1s));
+  // Once the pod is gone, the whole GPU can be one 7g.
+  kubelet.remove("default", "holder");
+  want(R"({"0": {"7g.80gb": 1}})");
+  ASSERT_TRUE(state_is("success")) << node.log();
+  EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-7g.80gb", count_is(1), 10s)) << node.log();
+  EXPECT_EQ(node.stop(), 0);
+}
+
 TEST(Node, RefusedArgumentsExitWithUsageAndSayWhy) {
   ScratchDirectory scratch;
   const Environment env = machine(scratch);
