@@ -49,6 +49,7 @@ bench: build
 	bench/compute_sweep.sh $(BUILD_DIR)
 	$(BUILD_DIR)/bench/bench_dra 2000
 	bench/generated_table.sh $(BUILD_DIR)
+	bench/mig_table.sh $(BUILD_DIR)
 
 # ASan + UBSan over the host-side code, its unit and integration tests (the timing tests
 # measure the wall clock, which instrumentation slows: they run in the release build).
