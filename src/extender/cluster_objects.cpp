@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "contract/gpu_numbering.h"
@@ -32,6 +33,37 @@ std::string model_of(const nlohmann::json& object) {
   return model->get<std::string>();
 }
 
+// A MIG GPU's index and catalog model (mig_model), or nullopt where an older agent gave none.
+std::optional<MigGpuLayout> mig_gpu_of(const nlohmann::json& gpu) {
+  const auto model = gpu.find("mig_model");
+  const auto index = gpu.find("index");
+  if (model == gpu.end() || !model->is_string() || model->get_ref<const std::string&>().empty() ||
+      model->get_ref<const std::string&>().size() > kMostNameLength || index == gpu.end() ||
+      !index->is_number_integer() || index->get<std::int64_t>() < 0 ||
+      index->get<std::int64_t>() >= 64) {
+    return std::nullopt;
+  }
+  MigGpuLayout layout;
+  layout.index = index->get<int>();
+  layout.model = model->get<std::string>();
+  return layout;
+}
+
+// A MIG device's placement (start, 0 to 7) and whether it is held; without both, the GPU's
+// layout is not known well enough to plan from and is dropped.
+void read_placement(const nlohmann::json& profile, const nlohmann::json& device,
+                    std::optional<MigGpuLayout>& layout) {
+  if (!layout) return;
+  const auto start = device.find("start");
+  const auto held = device.find("held");
+  if (start == device.end() || !start->is_number_integer() || start->get<std::int64_t>() < 0 ||
+      start->get<std::int64_t>() > 7 || held == device.end() || !held->is_boolean()) {
+    layout.reset();
+    return;
+  }
+  layout->instances.push_back({profile.get<std::string>(), start->get<int>(), held->get<bool>()});
+}
+
 // The node agent's format: each GPU with its UUID, model, memory and how it is shared. The
 // engine places on GPUs served whole (whole-GPU pods only) or cut into slices; time-sliced,
 // MPS and MIG GPUs are the kubelet's to count, device by device, and are left out.
@@ -52,6 +84,8 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
       if (devices == gpu.end() || !devices->is_array() || devices->size() > 8) {
         throw std::runtime_error("a MIG GPU's mig_devices must be a list of at most 8");
       }
+      // For re-cut plans: where each instance sits and whether it is held, when all say so.
+      std::optional<MigGpuLayout> layout = mig_gpu_of(gpu);
       std::int64_t gpu_memory = 0;
       try {  // its devices are weighed by their share of it
         gpu_memory = integer_field(gpu, "memory_mib", 1, kMostCount);
@@ -72,6 +106,7 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
         } catch (const std::runtime_error& error) {
           throw std::runtime_error(fmt::format("MIG device {}: {}", name, error.what()));
         }
+        read_placement(*profile, device, layout);
         std::replace(name.begin(), name.end(), '+', '.');
         auto same =
             std::find_if(info.spec.mig.begin(), info.spec.mig.end(),
@@ -87,6 +122,7 @@ void gpus_from_list(const nlohmann::json& annotation, NodeInfo& info) {
         }
         ++same->count;
       }
+      if (layout) info.mig_gpus.push_back(std::move(*layout));
       continue;
     }
     if (mode == contract::kSharingTimeSlicing || mode == contract::kSharingMps) {

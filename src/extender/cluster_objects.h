@@ -36,6 +36,22 @@ static_assert(kube::kMostGpusPerNode == kMostGpusPerNode);
 using contract::kAssignmentAnnotation;
 using contract::kGpusAnnotation;
 
+// A MIG GPU as its node agent lists it, complete enough to plan a re-cut from: the GPU index
+// tessera.io/mig-layout names, the catalog model, and each GPU instance's profile (as NVML
+// names it), placement and whether a pod holds it.
+struct MigGpuLayout {
+  struct Instance {
+    std::string profile;
+    int start = 0;
+    bool held = true;
+    bool operator==(const Instance&) const = default;
+  };
+  int index = 0;
+  std::string model;
+  std::vector<Instance> instances;
+  bool operator==(const MigGpuLayout&) const = default;
+};
+
 struct NodeInfo {
   NodeSpec spec;
   std::int64_t gpu_memory_mib = 0;     // each GPU's memory
@@ -43,6 +59,8 @@ struct NodeInfo {
   // GPUs the kubelet counts out replica by replica (time-sliced, MPS): whole-GPU pods may use
   // them, the kubelet's count deciding, and the engine holds nothing of them.
   int kubelet_counted_gpus = 0;
+  // MIG GPUs whose entry says where each instance sits and whether it is held (newer agents).
+  std::vector<MigGpuLayout> mig_gpus;
 };
 
 // Whether `pod` asks for GPUs the kubelet alone counts on this node: whole GPUs, on a node

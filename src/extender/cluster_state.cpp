@@ -7,6 +7,8 @@
 #include <set>
 
 #include "contract/pod_resources.h"
+#include "mig/catalog.h"
+#include "sched/dynamic_mig.h"
 
 namespace tessera::extender {
 namespace {
@@ -17,7 +19,7 @@ bool same_node(const NodeInfo& a, const NodeInfo& b) {
          a.spec.gpus == b.spec.gpus && a.spec.model == b.spec.model &&
          a.gpu_memory_mib == b.gpu_memory_mib && a.spec.whole_only_gpus == b.spec.whole_only_gpus &&
          a.gpu_uuids == b.gpu_uuids && a.spec.mig == b.spec.mig &&
-         a.kubelet_counted_gpus == b.kubelet_counted_gpus;
+         a.kubelet_counted_gpus == b.kubelet_counted_gpus && a.mig_gpus == b.mig_gpus;
 }
 
 // Whether a newer reading of a pod holds what the older one held (a status update).
@@ -271,6 +273,61 @@ std::string ClusterState::lasting_refusal(const PodRequest& pod, const std::stri
                        info.gpu_memory_mib);
   }
   return {};
+}
+
+std::optional<MigRecut> ClusterState::plan_mig_recut(const PodRequest& pod,
+                                                     const std::vector<std::string>& nodes) const {
+  if (pod.mig.empty() || pod.gpus > 0) return std::nullopt;
+  // What the rest of a re-cut GPU is cut into: the profiles the MIG pods held and waiting ask.
+  std::vector<std::pair<std::string, int>> asks(pod.mig.begin(), pod.mig.end());
+  for (const auto& [uid, hold] : holds_)
+    asks.insert(asks.end(), hold.pod.mig.begin(), hold.pod.mig.end());
+  for (const auto& [uid, waiting] : pending_)
+    asks.insert(asks.end(), waiting.mig.begin(), waiting.mig.end());
+  std::optional<MigRecut> best;
+  for (const std::string& name : nodes) {
+    Request request;
+    int index = -1;
+    if (!lasting_refusal(pod, name, request, index).empty()) continue;
+    const NodeInfo& info = nodes_.at(name);
+    Request host_only = request;
+    host_only.mig_asks = 0;
+    if (info.mig_gpus.empty() || !cluster_->fits(cluster_->nodes()[index], host_only)) continue;
+    for (const MigGpuLayout& gpu : info.mig_gpus) {
+      const mig::GpuModel* model = mig::find_model(gpu.model);
+      if (model == nullptr) continue;
+      mig::ProfileCounts missing;
+      bool known = true;
+      for (const auto& [profile, count] : pod.mig) {
+        const int short_by = count - std::max(0, cluster_->mig_free(index, profile));
+        if (short_by <= 0) continue;
+        const auto named = std::find_if(
+            model->profiles.begin(), model->profiles.end(),
+            [&](const mig::Profile& p) { return mig::resource_profile_name(p.name) == profile; });
+        known = known && named != model->profiles.end();
+        if (known) missing[named->name] += short_by;
+      }
+      mig::Layout layout;
+      std::vector<bool> held;
+      for (const MigGpuLayout::Instance& instance : gpu.instances) {
+        const mig::Profile* profile = model->profile_named(instance.profile);
+        known = known && profile != nullptr;
+        if (profile != nullptr) layout.push_back({profile, instance.start});
+        held.push_back(instance.held);
+      }
+      if (!known || missing.empty()) continue;
+      const std::optional<mig::Layout> cut = sched::plan_recut(
+          *model, layout, held, missing, sched::mig_profile_weights(*model, asks));
+      if (!cut) continue;
+      const int destroyed = static_cast<int>(
+          std::count_if(layout.begin(), layout.end(), [&](const mig::Instance& instance) {
+            return std::find(cut->begin(), cut->end(), instance) == cut->end();
+          }));
+      if (!best || destroyed < best->destroyed)
+        best = MigRecut{name, gpu.index, mig::counts_of(*cut), destroyed};
+    }
+  }
+  return best;
 }
 
 std::string ClusterState::refusal(const PodRequest& pod, const std::string& node, Request& request,

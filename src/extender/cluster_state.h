@@ -16,6 +16,7 @@
 #include "extender/cluster_objects.h"
 #include "extender/metrics.h"
 #include "kube/reflector.h"
+#include "mig/planner.h"
 #include "sched/engine.h"
 
 namespace tessera::extender {
@@ -39,6 +40,14 @@ struct Reservation {
   std::vector<int> gpus;  // in the engine's numbering
   int gpu_milli = 0;
   std::vector<std::string> node_uuids;  // the node's GPUs' UUIDs, in that numbering
+};
+
+// A MIG GPU's new cut: what the node's tessera.io/mig-layout annotation asks for.
+struct MigRecut {
+  std::string node;
+  int gpu = 0;                // the node's GPU index
+  mig::ProfileCounts layout;  // its instances by profile, as NVML names them
+  int destroyed = 0;          // free instances it destroys
 };
 
 class ClusterState {
@@ -88,6 +97,13 @@ class ClusterState {
   // the holds, however many nodes.
   std::vector<std::optional<std::vector<std::string>>> preemption_victims(
       const PodRequest& pod, const std::vector<std::string>& nodes) const;
+  // Dynamic MIG, for a MIG pod that fits on none of `nodes` as their GPUs are cut: the re-cut of
+  // one MIG GPU, on a node whose CPU and memory take the pod, that lets its profiles fit beside
+  // the instances pods hold (sched::plan_recut), destroying the fewest free instances, the rest
+  // of the GPU cut as the MIG pods held and waiting ask; nullopt where none would. Only GPUs
+  // whose node agent says where each instance sits and whether it is held are planned.
+  std::optional<MigRecut> plan_mig_recut(const PodRequest& pod,
+                                         const std::vector<std::string>& nodes) const;
   // A bind that failed: its room is free again.
   void give_back(const std::string& uid);
 

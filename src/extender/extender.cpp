@@ -2,9 +2,11 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
+#include "contract/annotations.h"
 #include "kube/json_input.h"
 
 namespace tessera::extender {
@@ -115,6 +117,7 @@ HttpReply Extender::answer_filter(const std::string& body) {
   HttpReply reply;
   if (!parse_args(body, candidates, reply)) return reply;
   std::vector<std::string> refusals;
+  std::optional<MigRecut> recut;
   {
     base::ReaderLock reading(mutex_);
     for (const std::string& name : candidates.names) {
@@ -122,8 +125,45 @@ HttpReply Extender::answer_filter(const std::string& body) {
       int index = -1;
       refusals.push_back(state_.refusal(candidates.pod, name, request, index));
     }
+    // A MIG pod that fits nowhere as the GPUs are cut: ask a node to cut one again. The pod
+    // waits; kube-scheduler tries it again once the node serves the new devices.
+    const bool fits_somewhere = std::any_of(refusals.begin(), refusals.end(),
+                                            [](const std::string& r) { return r.empty(); });
+    if (!fits_somewhere && !candidates.pod.mig.empty() && (!leading_ || leading_()))
+      recut = state_.plan_mig_recut(candidates.pod, candidates.names);
+  }
+  if (recut && ask_for_recut(*recut)) {
+    const auto at = std::find(candidates.names.begin(), candidates.names.end(), recut->node);
+    refusals[static_cast<std::size_t>(at - candidates.names.begin())] += fmt::format(
+        "; GPU {} is being cut again for it ({})", recut->gpu, contract::kMigLayoutAnnotation);
   }
   return filter_result(candidates, refusals);
+}
+
+bool Extender::ask_for_recut(const MigRecut& recut) {
+  const std::string layout = nlohmann::json{{std::to_string(recut.gpu), recut.layout}}.dump();
+  const auto now = std::chrono::steady_clock::now();
+  {
+    base::MutexLock locked(recuts_mutex_);
+    const auto asked = recuts_.find(recut.node);
+    if (asked != recuts_.end() && now - asked->second.second < kRecutPatience) {
+      return asked->second.first == layout;  // asked already (or another cut is under way)
+    }
+    recuts_[recut.node] = {layout, now};
+  }
+  const nlohmann::json patch{
+      {"metadata", {{"annotations", {{contract::kMigLayoutAnnotation, layout}}}}}};
+  const kube::ApiResponse answer =
+      cluster_->patch_node(recut.node, patch, now + std::chrono::seconds(2));
+  if (answer.status != 200) {
+    say(fmt::format("node {}: {} not written: HTTP {} {}", recut.node,
+                    contract::kMigLayoutAnnotation, answer.status,
+                    answer.status == 0 ? answer.error : answer.body.substr(0, 300)));
+    return false;
+  }
+  say(fmt::format("node {}: GPU {} to be cut as {} for a MIG pod that fits nowhere", recut.node,
+                  recut.gpu, layout));
+  return true;
 }
 
 HttpReply Extender::answer_prioritize(const std::string& body) {

@@ -94,6 +94,11 @@ class Extender {
       EXCLUDES(mutex_);
   Policy policy_for(const PodRequest& pod) const;
   void say(const std::string& problem) const;
+  // Dynamic MIG: writes the node's tessera.io/mig-layout for `recut` unless the same was asked
+  // within kRecutPatience (the node agent is applying it, or refused it: its state says which).
+  // Whether the annotation asks for it now.
+  bool ask_for_recut(const MigRecut& recut) EXCLUDES(recuts_mutex_);
+  static constexpr std::chrono::seconds kRecutPatience{30};
 
   Policy default_policy_;
   std::unique_ptr<kube::Cluster> cluster_;
@@ -105,6 +110,10 @@ class Extender {
 
   base::SharedMutex mutex_;  // verbs read the state; binds and watch events change it
   ClusterState state_ GUARDED_BY(mutex_);
+  base::Mutex recuts_mutex_;
+  // By node: the layout annotation last written, and when.
+  std::map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>> recuts_
+      GUARDED_BY(recuts_mutex_);
 };
 
 }  // namespace tessera::extender

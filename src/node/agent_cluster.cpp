@@ -4,7 +4,9 @@
 // pods gone, collected against the pods the API server lists on this node.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <ctime>
+#include <optional>
 #include <set>
 
 #include "contract/annotations.h"
@@ -104,6 +106,10 @@ void NodeAgent::publish_loop() {
   auto last_collect = Clock::now();
   std::time_t applied_at = std::time(nullptr);
   std::uint64_t labelled_generation = 0;
+  // The MIG instances pods held when the node was last annotated: the kubelet records a
+  // container's devices only after Allocate, so the holds are read again at every wake-up
+  // (kPublishRetry) and a change is published.
+  std::optional<HeldInstances> published_held;
   while (!stopping_) {
     bool due = false;
     {
@@ -119,6 +125,18 @@ void NodeAgent::publish_loop() {
     const auto state = served();
     // A coordination file written over is made whole for the containers using it.
     grants_->repair_coordination(*state->inventory);
+    // Which MIG instances pods hold, for the scheduler's re-cut plans; left out when the
+    // kubelet cannot say (the node checks again before it changes anything).
+    std::optional<HeldInstances> held;
+    const bool any_mig = std::any_of(state->inventory->gpus.begin(), state->inventory->gpus.end(),
+                                     [](const GpuInfo& gpu) { return !gpu.mig_devices.empty(); });
+    if (any_mig && options_.serve_device_plugins && options_.cluster != nullptr) {
+      try {
+        held = held_mig_instances(*state);
+      } catch (const std::runtime_error&) {  // unknown: published without
+      }
+    }
+    due = due || held != published_held;
     if (!due) continue;
     std::string error, mig_state;
     std::uint64_t generation = 0;
@@ -149,7 +167,8 @@ void NodeAgent::publish_loop() {
         if (labels.count(key) == 0) patch_labels[key] = nullptr;
       }
       const nlohmann::json annotation =
-          gpus_annotation(*state->inventory, state->map, health_, state->config.strategy());
+          gpus_annotation(*state->inventory, state->map, health_, state->config.strategy(),
+                          held ? &*held : nullptr);
       nlohmann::json patch{
           {"metadata",
            {{"labels", patch_labels},
@@ -165,6 +184,7 @@ void NodeAgent::publish_loop() {
           options_.cluster->patch_node(options_.node_name, patch, kube::Deadline::max());
       if (answer.status == 200) {
         published_labels_ = labels;
+        published_held = held;
       } else {
         say(fmt::format("node {}: labels and annotations not written: HTTP {} {}",
                         options_.node_name, answer.status,

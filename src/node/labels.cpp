@@ -207,7 +207,8 @@ void write_features_file(const std::string& directory, const Labels& labels) {
 }
 
 nlohmann::json gpus_annotation(const Inventory& inventory, const ResourceMap& map,
-                               const HealthBoard& health, SharingStrategy strategy) {
+                               const HealthBoard& health, SharingStrategy strategy,
+                               const HeldInstances* held) {
   nlohmann::json gpus = nlohmann::json::array();
   for (const GpuInfo& gpu : inventory.gpus) {
     int slices = 1;
@@ -229,11 +230,16 @@ nlohmann::json gpus_annotation(const Inventory& inventory, const ResourceMap& ma
     if (std::string(sharing) == "mig") {
       nlohmann::json devices = nlohmann::json::array();
       for (const MigDeviceInfo& device : gpu.mig_devices) {
-        devices.push_back({{"uuid", device.uuid},
-                           {"profile", device.profile},
-                           {"memory_mib", device.memory_bytes >> 20}});
+        nlohmann::json listed{{"uuid", device.uuid},
+                              {"profile", device.profile},
+                              {"memory_mib", device.memory_bytes >> 20}};
+        if (device.start >= 0) listed["start"] = device.start;
+        if (held != nullptr) listed["held"] = held->contains({gpu.index, device.gpu_instance});
+        devices.push_back(listed);
       }
       entry["mig_devices"] = devices;
+      // The placement rules' model, by the catalog's key: what the scheduler plans with.
+      if (const mig::GpuModel* model = mig::find_model(gpu.name)) entry["mig_model"] = model->key;
     }
     gpus.push_back(entry);
   }

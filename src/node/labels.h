@@ -10,6 +10,7 @@
 
 #include "node/config.h"
 #include "node/health.h"
+#include "node/mig_layout.h"
 #include "node/nvml.h"
 #include "node/resources.h"
 
@@ -35,8 +36,11 @@ inline constexpr const char* kFeaturesFileName = "tessera-gpu";
 
 // The tessera.io/gpus annotation (contract::kGpusAnnotation): every GPU the node serves, with
 // its UUID, model, memory, sharing mode, slices and health, in the inventory's order;
-// contract/gpu_numbering.h says which the scheduler numbers.
+// contract/gpu_numbering.h says which the scheduler numbers. A MIG GPU's devices carry their
+// GPU instance's placement (`start`), and with `held` (the instances pods hold) whether a pod
+// holds it: what the scheduler plans a re-cut from (docs/mig.md).
 nlohmann::json gpus_annotation(const Inventory& inventory, const ResourceMap& map,
-                               const HealthBoard& health, SharingStrategy strategy);
+                               const HealthBoard& health, SharingStrategy strategy,
+                               const HeldInstances* held = nullptr);
 
 }  // namespace tessera::node

@@ -199,7 +199,8 @@ void add_mig_devices(Nvml& nvml, Inventory& inventory) {
       for (const MigDevice& device : instance.devices) {
         gpu.mig_devices.push_back({device.uuid, instance.existing.instance.profile->name,
                                    static_cast<int>(gpu.mig_devices.size()), instance.existing.id,
-                                   device.compute_instance, device.memory_bytes, device.sm_count});
+                                   device.compute_instance, instance.existing.instance.start,
+                                   device.memory_bytes, device.sm_count});
       }
     }
   }

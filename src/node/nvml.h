@@ -47,6 +47,7 @@ struct MigDeviceInfo {
   std::string profile;  // "1g.10gb", "1g.10gb+me"
   int index = 0;        // its place among the GPU's MIG devices: "<gpu>:<index>" names it
   unsigned gpu_instance = 0, compute_instance = 0;
+  int start = -1;  // its GPU instance's placement, in memory slices; -1 where not read
   std::uint64_t memory_bytes = 0;
   int sm_count = 0;
 };

@@ -103,23 +103,29 @@ std::uint8_t DynamicMig::engine_profile(const mig::Instance& instance) const {
 }
 
 void DynamicMig::set_target_workload(const std::vector<PodSpec>& pods) {
+  std::vector<std::pair<std::string, int>> asks;
+  for (const PodSpec& pod : pods) asks.insert(asks.end(), pod.mig.begin(), pod.mig.end());
+  target_ = mig_profile_weights(*options_.model, asks);
+  recut_memo_.clear();
+}
+
+MigProfileWeights mig_profile_weights(const mig::GpuModel& model,
+                                      const std::vector<std::pair<std::string, int>>& asks) {
   std::map<const mig::Profile*, double> asked;
   double total = 0;
-  for (const PodSpec& pod : pods) {
-    for (const auto& [name, count] : pod.mig) {
-      for (const mig::Profile& profile : options_.model->profiles) {
-        if (servable(profile) && mig::resource_profile_name(profile.name) == name && count > 0) {
-          asked[&profile] += count;
-          total += count;
-        }
+  for (const auto& [name, count] : asks) {
+    for (const mig::Profile& profile : model.profiles) {
+      if (servable(profile) && count > 0 && mig::resource_profile_name(profile.name) == name) {
+        asked[&profile] += count;
+        total += count;
       }
     }
   }
-  target_.clear();
-  for (const auto& [profile, count] : asked) target_.emplace_back(profile, count / total);
-  std::sort(target_.begin(), target_.end(),
+  MigProfileWeights weights;
+  for (const auto& [profile, count] : asked) weights.emplace_back(profile, count / total);
+  std::sort(weights.begin(), weights.end(),
             [](const auto& a, const auto& b) { return a.second > b.second; });
-  recut_memo_.clear();
+  return weights;
 }
 
 // Adds (sign 1) or removes (-1) a layout's instances from the engine's counts.
@@ -175,58 +181,63 @@ std::optional<mig::Layout> DynamicMig::recut_layout(const CapableGpu& gpu,
   std::string key = layout_key(gpu.layout, gpu.in_use) + "|";
   for (const auto& [name, count] : missing) key += fmt::format("{}={};", name, count);
   if (const auto found = recut_memo_.find(key); found != recut_memo_.end()) return found->second;
-
-  const mig::GpuModel& model = *options_.model;
-  const mig::Layout fixed = in_use_of(gpu.layout, gpu.in_use);
-  std::optional<mig::Layout> result;
-  mig::ProfileCounts wanted = missing;  // beside `fixed`
-  if (mig::place(model, wanted, fixed).found) {
-    const auto fits_with = [&](const mig::Profile& profile) {
-      mig::ProfileCounts more = wanted;
-      ++more[profile.name];
-      return mig::place(model, more, fixed).found;
-    };
-    // The free instances it has, where they still fit: keeping them saves steps.
-    for (std::size_t i = 0; i < gpu.layout.size(); ++i) {
-      if (!gpu.in_use[i] && fits_with(*gpu.layout[i].profile))
-        ++wanted[gpu.layout[i].profile->name];
-    }
-    // The rest in the profiles the target workload asks, each toward its share of the slices.
-    std::map<const mig::Profile*, int> slices;
-    for (const mig::Instance& instance : fixed)
-      slices[instance.profile] += instance.profile->compute_slices;
-    for (const auto& [name, count] : wanted) {
-      const mig::Profile* profile = model.profile_named(name);
-      slices[profile] += count * profile->compute_slices;
-    }
-    for (bool added = true; added;) {
-      added = false;
-      const mig::Profile* pick = nullptr;
-      double lowest = 0;
-      for (const auto& [profile, weight] : target_) {
-        const double behind = slices[profile] / (weight * profile->compute_slices);
-        if ((pick == nullptr || behind < lowest) && fits_with(*profile)) {
-          pick = profile;
-          lowest = behind;
-        }
-      }
-      if (pick != nullptr) {
-        ++wanted[pick->name];
-        slices[pick] += pick->compute_slices;
-        added = true;
-      }
-    }
-    std::vector<mig::Existing> current;
-    for (std::size_t i = 0; i < gpu.layout.size(); ++i)
-      current.push_back({gpu.layout[i], static_cast<unsigned>(i), gpu.in_use[i]});
-    for (const mig::Instance& instance : fixed) ++wanted[instance.profile->name];
-    const mig::Reconciliation plan = mig::reconcile(model, current, wanted, false);
-    if (plan.ok) result = plan.result;
-  }
+  std::optional<mig::Layout> result =
+      plan_recut(*options_.model, gpu.layout, gpu.in_use, missing, target_);
   constexpr std::size_t kMostMemoised = 1 << 16;
   if (recut_memo_.size() >= kMostMemoised) recut_memo_.clear();
   recut_memo_.emplace(key, result);
   return result;
+}
+
+std::optional<mig::Layout> plan_recut(const mig::GpuModel& model, const mig::Layout& layout,
+                                      const std::vector<bool>& in_use,
+                                      const mig::ProfileCounts& missing,
+                                      const MigProfileWeights& target) {
+  const mig::Layout fixed = in_use_of(layout, in_use);
+  mig::ProfileCounts wanted = missing;  // beside `fixed`
+  if (!mig::place(model, wanted, fixed).found) return std::nullopt;
+  const auto fits_with = [&](const mig::Profile& profile) {
+    mig::ProfileCounts more = wanted;
+    ++more[profile.name];
+    return mig::place(model, more, fixed).found;
+  };
+  // The free instances it has, where they still fit: keeping them saves steps.
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    if (!in_use[i] && fits_with(*layout[i].profile)) ++wanted[layout[i].profile->name];
+  }
+  // The rest in the profiles the target workload asks, each toward its share of the slices.
+  std::map<const mig::Profile*, int> slices;
+  for (const mig::Instance& instance : fixed)
+    slices[instance.profile] += instance.profile->compute_slices;
+  for (const auto& [name, count] : wanted) {
+    const mig::Profile* profile = model.profile_named(name);
+    if (profile == nullptr) return std::nullopt;  // a profile the model lacks
+    slices[profile] += count * profile->compute_slices;
+  }
+  for (bool added = true; added;) {
+    added = false;
+    const mig::Profile* pick = nullptr;
+    double lowest = 0;
+    for (const auto& [profile, weight] : target) {
+      const double behind = slices[profile] / (weight * profile->compute_slices);
+      if ((pick == nullptr || behind < lowest) && fits_with(*profile)) {
+        pick = profile;
+        lowest = behind;
+      }
+    }
+    if (pick != nullptr) {
+      ++wanted[pick->name];
+      slices[pick] += pick->compute_slices;
+      added = true;
+    }
+  }
+  std::vector<mig::Existing> current;
+  for (std::size_t i = 0; i < layout.size(); ++i)
+    current.push_back({layout[i], static_cast<unsigned>(i), in_use[i]});
+  for (const mig::Instance& instance : fixed) ++wanted[instance.profile->name];
+  const mig::Reconciliation plan = mig::reconcile(model, current, wanted, false);
+  if (!plan.ok) return std::nullopt;
+  return plan.result;
 }
 
 Node DynamicMig::node_after(const std::vector<Change>& changes, const Request& request) const {

@@ -39,6 +39,23 @@ struct DynamicMigOptions {
   MigPrice price;
 };
 
+// MIG profiles by how much a workload asks them (weights sum to 1), most asked first.
+using MigProfileWeights = std::vector<std::pair<const mig::Profile*, double>>;
+
+// The weights of the profiles of `model` among `asks` (profile as Kubernetes spells it, count).
+MigProfileWeights mig_profile_weights(const mig::GpuModel& model,
+                                      const std::vector<std::pair<std::string, int>>& asks);
+
+// The layout a MIG GPU cut as `layout` (instances `in_use` never touched) would get so that
+// `missing` fits: its free instances kept where they still fit, the rest cut into `target`'s
+// profiles, each toward its share of the slices (so the next pods of those profiles find
+// devices without another re-cut). Nullopt when `missing` does not fit beside the instances in
+// use, or names a profile the model lacks.
+std::optional<mig::Layout> plan_recut(const mig::GpuModel& model, const mig::Layout& layout,
+                                      const std::vector<bool>& in_use,
+                                      const mig::ProfileCounts& missing,
+                                      const MigProfileWeights& target);
+
 // The MIG devices a placed pod holds: (MIG-capable GPU, its GPU instance) pairs. By placement,
 // not by index: a re-cut reorders a layout but never moves an instance in use.
 using MigHolding = std::vector<std::pair<int, mig::Instance>>;
@@ -107,9 +124,9 @@ class DynamicMig {
   Cluster& cluster_;
   DynamicMigOptions options_;
   std::vector<CapableGpu> gpus_;
-  std::vector<std::vector<int>> gpus_of_node_;                  // indices into gpus_
-  std::vector<std::pair<const mig::Profile*, double>> target_;  // most asked first
-  std::vector<const mig::Profile*> profile_by_engine_;          // by the engine's profile number
+  std::vector<std::vector<int>> gpus_of_node_;  // indices into gpus_
+  MigProfileWeights target_;
+  std::vector<const mig::Profile*> profile_by_engine_;  // by the engine's profile number
   mutable std::map<std::string, std::optional<mig::Layout>> recut_memo_;
   long recuts_ = 0, mode_changes_ = 0;
   double unavailable_gpu_seconds_ = 0;

@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "contract/annotations.h"
 #include "kube/objects.h"
@@ -112,6 +113,11 @@ class FakeApiServer {
                     }
                     response.set_content(R"({"kind":"Pod","apiVersion":"v1"})", "application/json");
                   });
+    server_.Patch(R"(/api/v1/nodes/([^/]+))", [this](const httplib::Request& request,
+                                                     httplib::Response& response) {
+      remember("PATCH " + request.path, request.body);
+      response.set_content(R"({"kind":"Node","apiVersion":"v1"})", "application/json");
+    });
     server_.Post(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding)",
                  [this](const httplib::Request& request, httplib::Response& response) {
                    remember("POST " + request.path, request.body);
@@ -561,6 +567,83 @@ TEST_F(Extender, MigPodsGoWhereTheirProfileIsFreeAndHoldItOnceBound) {
       "filter",
       {{"Pod", pod("m5", {{"nvidia.com/mig-1g.10gb", "lots"}})}, {"NodeNames", {"mig-a"}}}, 400);
   EXPECT_NE(bad.dump().find("is not a count of MIG devices"), std::string::npos) << bad.dump();
+}
+
+// A MIG GPU as a newer node agent lists it: its catalog model, and where each instance sits
+// and whether a pod holds it (`placed`: false leaves both out, as an older agent did).
+nlohmann::json recut_node(const std::string& name,
+                          const std::vector<std::tuple<std::string, int, bool>>& instances,
+                          bool placed = true) {
+  nlohmann::json devices = nlohmann::json::array();
+  for (const auto& [profile, start, held] : instances) {
+    nlohmann::json device{{"uuid", "MIG-" + name + "-" + std::to_string(start)},
+                          {"profile", profile},
+                          {"memory_mib", profile.rfind("3g", 0) == 0 ? 40192 : 9728}};
+    if (placed) {
+      device["start"] = start;
+      device["held"] = held;
+    }
+    devices.push_back(device);
+  }
+  const nlohmann::json gpus = {{"version", 2},
+                               {"gpus",
+                                {{{"index", 0},
+                                  {"uuid", "GPU-" + name},
+                                  {"model", "NVIDIA-A100-SXM4-80GB"},
+                                  {"mig_model", "A100-80GB"},
+                                  {"memory_mib", 81920},
+                                  {"sharing", "mig"},
+                                  {"slices", 1},
+                                  {"healthy", true},
+                                  {"mig_devices", devices}}}}};
+  return {
+      {"metadata", {{"name", name}, {"annotations", {{contract::kGpusAnnotation, gpus.dump()}}}}},
+      {"status", {{"allocatable", {{"cpu", "64"}, {"memory", "512Gi"}}}}}};
+}
+
+TEST_F(Extender, AMigPodThatFitsNowhereHasAGpuCutAgainAroundTheHeldInstances) {
+  // Seven 1g instances; a pod holds the one at slice 0.
+  std::vector<std::tuple<std::string, int, bool>> sevens;
+  for (int start = 0; start < 7; ++start) sevens.emplace_back("1g.10gb", start, start == 0);
+  api_.push("nodes", {{"type", "ADDED"}, {"object", recut_node("cut", sevens)}});
+  api_.push("nodes", {{"type", "ADDED"}, {"object", recut_node("old", sevens, false)}});
+  const auto filter = [&](const std::string& name, const std::string& profile,
+                          const std::vector<std::string>& nodes) {
+    return post("filter",
+                {{"Pod", pod(name, {{"nvidia.com/mig-" + profile, "1"}})}, {"NodeNames", nodes}});
+  };
+  ASSERT_TRUE(eventually([&] {
+    return filter("probe", "1g.10gb", {"cut", "old"})["NodeNames"].size() == 2;
+  }));
+  const auto node_patches = [&] {
+    std::vector<std::string> bodies;
+    for (const auto& [what, body] : api_.calls()) {
+      if (what.rfind("PATCH /api/v1/nodes/", 0) == 0) bodies.push_back(what + " " + body);
+    }
+    return bodies;
+  };
+  // A whole-GPU 7g would take the held instance: no cut is asked for.
+  EXPECT_EQ(filter("whole", "7g.80gb", {"cut"})["FailedNodes"]["cut"],
+            "has 0 nvidia.com/mig-7g.80gb free; asks 1");
+  // Nor on a node whose agent does not say which instances are held.
+  EXPECT_EQ(filter("big-old", "3g.40gb", {"old"})["FailedNodes"]["old"],
+            "has 0 nvidia.com/mig-3g.40gb free; asks 1");
+  EXPECT_TRUE(node_patches().empty());
+  // A 3g fits beside the held 1g at slices 4-7: three free 1g go, the rest stay.
+  const nlohmann::json answer = filter("big", "3g.40gb", {"cut", "old"});
+  EXPECT_EQ(answer["FailedNodes"]["cut"],
+            "has 0 nvidia.com/mig-3g.40gb free; asks 1; GPU 0 is being cut again for it "
+            "(tessera.io/mig-layout)");
+  const std::vector<std::string> patches = node_patches();
+  ASSERT_EQ(patches.size(), 1u);
+  const auto body = nlohmann::json::parse(patches[0].substr(patches[0].find(' ', 6) + 1));
+  EXPECT_EQ(patches[0].rfind("PATCH /api/v1/nodes/cut ", 0), 0u) << patches[0];
+  EXPECT_EQ(nlohmann::json::parse(
+                body["metadata"]["annotations"][contract::kMigLayoutAnnotation].get<std::string>()),
+            (nlohmann::json{{"0", {{"1g.10gb", 4}, {"3g.40gb", 1}}}}));
+  // Asked again while the node applies it: the same answer, no second write.
+  EXPECT_EQ(filter("big", "3g.40gb", {"cut"})["FailedNodes"]["cut"], answer["FailedNodes"]["cut"]);
+  EXPECT_EQ(node_patches().size(), 1u);
 }
 
 // A node whose GPUs are all time-sliced: its replicas are the kubelet's to count. A pod asking

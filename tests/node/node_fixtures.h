@@ -83,7 +83,7 @@ inline void give_mig_devices(GpuInfo& gpu, const std::vector<std::string>& profi
     const int index = static_cast<int>(gpu.mig_devices.size());
     gpu.mig_devices.push_back(
         {fmt::format("MIG-7e55e7a0-{:04x}-4{:03x}-8000-00000000000{}", gpu.index, index + 1, index),
-         profile, index, static_cast<unsigned>(index + 1), 0,
+         profile, index, static_cast<unsigned>(index + 1), 0, -1,
          (profile.rfind("3g", 0) == 0 ? 19968ull : 4864ull) << 20,
          profile.rfind("3g", 0) == 0 ? 42 : 14});
   }

@@ -142,37 +142,66 @@ TEST(Node, MigDevicesLaidOutByTesseraMigAreServedByProfile) {
   EXPECT_EQ(node.stop(), 0);
 }
 
-// Dynamic MIG on the node: the layout annotation re-cuts the GPU around the instance a pod
-// holds, the new devices are served, and a layout that would take the held instance, or is no
-// layout, is refused on the node with the reason while the GPU keeps its cut.
-TEST(Node, TheMigLayoutAnnotationReCutsOnlyWhatNoPodHolds) {
-  ScratchDirectory scratch;
-  const Environment env = machine(scratch, "A100-80GB", {{"TESSERA_SIMULATE", "1"}});
+// GPU 0 of `env`'s simulated A100-80GB cut into seven 1g.10gb instances, as tessera mig apply
+// does it; the node config serving them by profile, or "" (with a failure) if the cut failed.
+std::string cut_into_seven_small(const ScratchDirectory& scratch, const Environment& env) {
   const std::string layout = scratch.file("mig.yaml");
   write_config(layout,
                "version: v1\nmig-configs:\n  small:\n    - devices: [0]\n"
                "      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 7}\n");
   const std::vector<std::string> apply = {tessera(), "mig", "apply", "-f", layout, "-c", "small"};
-  ASSERT_EQ(run(apply, env).exit_code, 3);  // MIG on waits for a reset
-  ASSERT_EQ(run({tessera(), "simgpu", "reset", "--device", "0"}, env).exit_code, 0);
-  ASSERT_EQ(run(apply, env).exit_code, 0);
+  EXPECT_EQ(run(apply, env).exit_code, 3);  // MIG on waits for a reset
+  EXPECT_EQ(run({tessera(), "simgpu", "reset", "--device", "0"}, env).exit_code, 0);
+  if (run(apply, env).exit_code != 0) {
+    ADD_FAILURE() << "the GPU was not cut";
+    return {};
+  }
   const std::string config = scratch.file("config.yaml");
   write_config(config, "version: v1\nflags:\n  migStrategy: mixed\n");
+  return config;
+}
+
+// A node agent serving GPU 0 cut into seven 1g.10gb instances (migStrategy mixed), with the
+// fake API server holding its node and the test kubelet.
+class SmallMigNode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(config.empty());
+    cluster.put("nodes", cluster_node("gpu-node"));
+    node_ = std::make_unique<NodeProcess>(
+        scratch, std::vector<std::string>{"--config-file", config, "--api-server", cluster.url()},
+        env);
+    ASSERT_TRUE(node_->started()) << node_->log();
+  }
+  // Once the seven are served, a pod the kubelet admits holding one: its device ID ("" if not).
+  std::string admit_holder() {
+    const auto seven = [](const TestKubelet::Devices& devices) { return devices.size() == 7; };
+    std::vector<TestKubelet::AdmittedContainer> admitted;
+    if (!kubelet.wait_for_devices("nvidia.com/mig-1g.10gb", seven, 10s) ||
+        !kubelet.admit({"default", "holder", {{"main", {{"nvidia.com/mig-1g.10gb", 1}}}}}, admitted)
+             .ok()) {
+      return {};
+    }
+    return admitted.at(0).devices.at("nvidia.com/mig-1g.10gb").at(0);
+  }
+  ScratchDirectory scratch;
+  Environment env = machine(scratch, "A100-80GB", {{"TESSERA_SIMULATE", "1"}});
+  std::string config = cut_into_seven_small(scratch, env);
   FakeCluster cluster;
-  cluster.put("nodes", cluster_node("gpu-node"));
-  TestKubelet kubelet(scratch.file("dp"));
-  NodeProcess node(scratch, {"--config-file", config, "--api-server", cluster.url()}, env);
-  ASSERT_TRUE(node.started()) << node.log();
+  TestKubelet kubelet{scratch.file("dp")};
+  std::unique_ptr<NodeProcess> node_;
+};
+
+// Dynamic MIG on the node: the layout annotation re-cuts the GPU around the instance a pod
+// holds, the new devices are served, and a layout that would take the held instance, or is no
+// layout, is refused on the node with the reason while the GPU keeps its cut.
+TEST_F(SmallMigNode, TheMigLayoutAnnotationReCutsOnlyWhatNoPodHolds) {
+  NodeProcess& node = *node_;
+  const std::string held = admit_holder();
+  ASSERT_FALSE(held.empty()) << node.log();
   const auto count_is = [](std::size_t count) {
     return [count](const TestKubelet::Devices& devices) { return devices.size() == count; };
   };
-  ASSERT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-1g.10gb", count_is(7), 10s)) << node.log();
-  std::vector<TestKubelet::AdmittedContainer> admitted;
-  ASSERT_TRUE(
-      kubelet.admit({"default", "holder", {{"main", {{"nvidia.com/mig-1g.10gb", 1}}}}}, admitted)
-          .ok())
-      << node.log();
-  const std::string held = admitted.at(0).devices.at("nvidia.com/mig-1g.10gb").at(0);
 
   const auto state_is = [&](const std::string& prefix) {
     return cluster.wait_for(
@@ -215,6 +244,63 @@ TEST(Node, TheMigLayoutAnnotationReCutsOnlyWhatNoPodHolds) {
   want(R"({"0": {"7g.80gb": 1}})");
   ASSERT_TRUE(state_is("success")) << node.log();
   EXPECT_TRUE(kubelet.wait_for_devices("nvidia.com/mig-7g.80gb", count_is(1), 10s)) << node.log();
+  EXPECT_EQ(node.stop(), 0);
+}
+
+// Dynamic MIG end to end: a MIG pod that fits nowhere makes the scheduler ask for a re-cut
+// around the instance a pod holds, the node agent makes it, and the pod is placed.
+TEST_F(SmallMigNode, TheSchedulerHasAGpuCutAgainForAMigPodAndPlacesItOnceCut) {
+  NodeProcess& node = *node_;
+  ASSERT_FALSE(admit_holder().empty()) << node.log();
+  // The node says which instance is held, and where each sits.
+  ASSERT_TRUE(cluster.wait_for(
+      "nodes", "gpu-node",
+      [](const nlohmann::json& object) {
+        const auto& annotations = object["metadata"]["annotations"];
+        if (!annotations.contains(contract::kGpusAnnotation)) return false;
+        const nlohmann::json gpus =
+            nlohmann::json::parse(annotations[contract::kGpusAnnotation].get<std::string>());
+        int held = 0;
+        for (const auto& device : gpus["gpus"][0]["mig_devices"])
+          held += device.value("held", false) && device.contains("start");
+        return held == 1 && gpus["gpus"][0]["mig_model"] == "A100-80GB";
+      },
+      10s))
+      << node.log();
+
+  SchedulerProcess scheduler(cluster, env);
+  nlohmann::json big{
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", "big"}, {"namespace", "default"}, {"uid", "uid-big"}}},
+      {"spec",
+       {{"schedulerName", "tessera"},
+        {"containers",
+         {{{"name", "main"}, {"resources", {{"limits", {{"nvidia.com/mig-3g.40gb", "1"}}}}}}}}}},
+      {"status", {{"phase", "Pending"}}}};
+  cluster.put("pods", big);
+  std::string why;
+  EXPECT_EQ(scheduler.schedule(*cluster.get("pods", "default/big"), {"gpu-node"}, why), "");
+  EXPECT_NE(why.find("GPU 0 is being cut again for it"), std::string::npos) << why;
+  ASSERT_TRUE(cluster.wait_for(
+      "nodes", "gpu-node",
+      [](const nlohmann::json& object) {
+        return object["metadata"]["annotations"].value(contract::kMigLayoutStateAnnotation, "") ==
+               "success";
+      },
+      10s))
+      << node.log();
+  // kube-scheduler tries the pod again: once the scheduler has seen the new devices, it fits.
+  const auto deadline = Clock::now() + 10s;
+  std::string placed;
+  while (placed.empty() && Clock::now() < deadline) {
+    placed = scheduler.schedule(*cluster.get("pods", "default/big"), {"gpu-node"}, why);
+    if (placed.empty()) std::this_thread::sleep_for(50ms);  // kube-scheduler's backoff
+  }
+  EXPECT_EQ(placed, "gpu-node") << why;
+  EXPECT_TRUE(kubelet.wait_for_devices(
+      "nvidia.com/mig-3g.40gb",
+      [](const TestKubelet::Devices& devices) { return devices.size() == 1; }, 10s));
   EXPECT_EQ(node.stop(), 0);
 }
 
