@@ -298,8 +298,9 @@ std::optional<MigRecut> ClusterState::plan_mig_recut(const PodRequest& pod,
       if (model == nullptr) continue;
       mig::ProfileCounts missing;
       bool known = true;
-      for (const auto& [profile, count] : pod.mig) {
-        const int short_by = count - std::max(0, cluster_->mig_free(index, profile));
+      for (const auto& asked : pod.mig) {
+        const std::string& profile = asked.first;  // a lambda cannot capture a binding (C++20)
+        const int short_by = asked.second - std::max(0, cluster_->mig_free(index, profile));
         if (short_by <= 0) continue;
         const auto named = std::find_if(
             model->profiles.begin(), model->profiles.end(),
