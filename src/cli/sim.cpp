@@ -24,15 +24,21 @@ bool parse_seed(std::string_view text, std::uint64_t& seed) {
   return !text.empty() && error == std::errc() && end == text.data() + text.size();
 }
 
+// The items of a comma-separated list, empty ones kept (for the caller to refuse).
+std::vector<std::string_view> comma_items(std::string_view text) {
+  std::vector<std::string_view> items;
+  for (std::size_t comma; (comma = text.find(',')) != std::string_view::npos;) {
+    items.push_back(text.substr(0, comma));
+    text.remove_prefix(comma + 1);
+  }
+  items.push_back(text);
+  return items;
+}
+
 std::vector<std::uint64_t> parse_seeds(const std::string& text) {
   constexpr std::uint64_t kMostSeeds = 10000;
   std::vector<std::uint64_t> seeds;
-  std::string_view rest(text);
-  for (bool more = true; more;) {
-    const std::size_t comma = rest.find(',');
-    const std::string_view item = rest.substr(0, comma);
-    more = comma != std::string_view::npos;
-    rest = more ? rest.substr(comma + 1) : std::string_view();
+  for (const std::string_view item : comma_items(text)) {
     const std::size_t dash = item.find('-');
     std::uint64_t first = 0, last = 0;
     const bool valid = dash == std::string_view::npos
@@ -55,17 +61,12 @@ std::vector<std::uint64_t> parse_seeds(const std::string& text) {
 std::vector<sched::Policy> parse_policies(const std::string& text) {
   if (text == "all") return sched::all_policies();
   std::vector<sched::Policy> policies;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', start);
+  for (const std::string_view item : comma_items(text)) {
     try {
-      policies.push_back(sched::parse_policy(
-          text.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      policies.push_back(sched::parse_policy(std::string(item)));
     } catch (const std::invalid_argument& error) {
       throw UsageError(fmt::format("--policies: {}", error.what()));
     }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return policies;
 }
@@ -74,12 +75,7 @@ std::vector<sched::Policy> parse_policies(const std::string& text) {
 mig::ProfileCounts parse_layout(const std::string& text, const mig::GpuModel& model) {
   mig::ProfileCounts counts;
   if (text == "whole") return counts;
-  std::string_view rest(text);
-  for (bool more = true; more;) {
-    const std::size_t comma = rest.find(',');
-    const std::string_view item = rest.substr(0, comma);
-    more = comma != std::string_view::npos;
-    rest = more ? rest.substr(comma + 1) : std::string_view();
+  for (const std::string_view item : comma_items(text)) {
     const std::size_t equals = item.find('=');
     const std::string name(item.substr(0, equals));
     int count = 0;

@@ -18,14 +18,6 @@ std::string starts_text(const Profile& profile) {
   return "{" + text + "}";
 }
 
-std::string counts_text(const ProfileCounts& counts) {
-  std::string text;
-  for (const auto& [name, count] : counts) {
-    if (count > 0) text += fmt::format("{}{} x{}", text.empty() ? "" : " + ", name, count);
-  }
-  return text.empty() ? "nothing" : text;
-}
-
 // The search: instances of `todo` from `next` on, into the slices `used` leaves free.
 bool search(const std::vector<const Profile*>& todo, std::size_t next, std::uint32_t used,
             int last_start, Layout& layout) {
@@ -291,6 +283,14 @@ ProfileCounts counts_of(const Layout& layout) {
   ProfileCounts counts;
   for (const Instance& instance : layout) ++counts[instance.profile->name];
   return counts;
+}
+
+std::string counts_text(const ProfileCounts& counts) {
+  std::string text;
+  for (const auto& [name, count] : counts) {
+    if (count > 0) text += fmt::format("{}{} x{}", text.empty() ? "" : " + ", name, count);
+  }
+  return text.empty() ? "nothing" : text;
 }
 
 }  // namespace tessera::mig

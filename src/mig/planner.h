@@ -66,5 +66,7 @@ std::string picture(const GpuModel& model, const Layout& layout);
 
 // The counts of a layout's profiles.
 ProfileCounts counts_of(const Layout& layout);
+// Counts for people: "3g.40gb x1 + 1g.10gb x3", or "nothing".
+std::string counts_text(const ProfileCounts& counts);
 
 }  // namespace tessera::mig

@@ -17,14 +17,6 @@ constexpr std::size_t kMostProfileName = 32;
 constexpr unsigned kMostGpuIndex = 63;
 constexpr int kMostInstances = 7;  // of one profile on one GPU: 7 compute slices
 
-std::string counts_text(const mig::ProfileCounts& counts) {
-  std::string text;
-  for (const auto& [name, count] : counts) {
-    if (count > 0) text += fmt::format("{}{}={}", text.empty() ? "" : ",", name, count);
-  }
-  return text.empty() ? "no instances" : text;
-}
-
 struct GpuPlan {
   MigGpu gpu;
   mig::ProfileCounts before;
@@ -104,8 +96,8 @@ std::string apply_mig_layout(Nvml& nvml, const Inventory& inventory, const Wante
     plan.before = mig::counts_of(plan.gpu.layout());
     plan.plan = mig::reconcile(*plan.gpu.model, current, counts, false);
     if (!plan.plan.ok) {
-      throw std::runtime_error(
-          fmt::format("GPU {}: {} cannot be had: {}", index, counts_text(counts), plan.plan.why));
+      throw std::runtime_error(fmt::format("GPU {}: {} cannot be had: {}", index,
+                                           mig::counts_text(counts), plan.plan.why));
     }
     plans.push_back(std::move(plan));
   }
@@ -136,7 +128,7 @@ std::string apply_mig_layout(Nvml& nvml, const Inventory& inventory, const Wante
     for (const mig::Step& step : plan.plan.steps)
       (step.kind == mig::Step::Kind::destroy ? destroyed : created) += 1;
     done += fmt::format("{}GPU {}: {} ({} destroyed, {} created)", done.empty() ? "" : "; ",
-                        plan.gpu.gpu.index, counts_text(mig::counts_of(plan.plan.result)),
+                        plan.gpu.gpu.index, mig::counts_text(mig::counts_of(plan.plan.result)),
                         destroyed, created);
   }
   return done.empty() ? "no GPU named" : done;
